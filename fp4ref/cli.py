@@ -1,0 +1,36 @@
+"""`fp4ref <command>`: one entry point; each command lives in its own module."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command -> (module, function, help).  Imported lazily so one broken backend
+# never stops the others from running.
+COMMANDS = {
+    "probe": ("probes.cli", "main", "probe native GEMMs and infer their accumulation model"),
+    "bench": ("fp4ref.bench", "main", "side-by-side throughput ratios (casts, quantizers, GEMMs)"),
+    "verify-exhaustive": ("fp4ref.verify", "main", "all 2**32 float32 inputs per <=8-bit format"),
+    "conform": ("fp4ref.conform", "main", "conformance matrix of installed public quantizers"),
+    "report": ("reports.cli", "report_main", "render report.json files to self-contained HTML"),
+    "gate": ("reports.cli", "gate_main", "fail when numerics changed against a baseline"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: fp4ref <command> [args]\n\ncommands:")
+        for name, (_, _, h) in COMMANDS.items():
+            print(f"  {name:<18} {h}")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"fp4ref: unknown command {cmd!r}; valid choices: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    mod, fn, _ = COMMANDS[cmd]
+    rc = getattr(importlib.import_module(mod), fn)(rest)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

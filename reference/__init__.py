@@ -1,0 +1,1 @@
+"""The exact truth: formats, rounding, recipes and GEMM models, in exact arithmetic."""
