@@ -1,0 +1,384 @@
+"""GEMM accumulation models (SPEC section 4), in exact arithmetic.
+
+One model is one frozen ``GemmModel`` record: a point of the parameterized
+family.  ``dot`` computes one output element of a (block-scaled) GEMM under a
+model; every intermediate is an exact rational rounded by the reference
+rounding core at exactly the points the model names.
+
+Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
+
+1. products p_k = a_k * b_k, exact (or rounded to ``product_format``); with
+   block scales and scale_point PRODUCT, p_k *= sa[k // B] * sb[k // B] (exact).
+2. K is cut into ``split_k`` contiguous slices, each reduced by steps 3-4,
+   then the slice results are added in order with FP32 RNE.
+3. A slice is cut into groups of ``group_size`` products (the promotion
+   interval P of FP8 GEMMs, or the group G of block-scaled GEMMs).  Each group
+   starts from a zero inner accumulator and consumes ``fma_width`` products per
+   fused step (4).  The group partial (times the block scales if scale_point is
+   GROUP, rounded FP32 RNE) is added into the FP32 outer accumulator with
+   ``outer_mode`` (cross-group rounding), in physical order.
+4. Fused step: terms = {accumulator} + F products.  With ``align_bits`` = None
+   the terms are summed exactly; otherwise each term is rounded (``align_mode``)
+   to a multiple of 2**(emax - align_bits), emax = max floor(log2|t|) over the
+   non-zero terms (accumulator included).  The sum is then normalized once:
+   rounded with ``norm_mode`` to a float with ``acc_frac_bits`` fraction bits and
+   FP32's exponent range (IEEE overflow, subnormals per ``acc_subnormal``).
+5. Lattice: c = L * RNE(c / L) when ``lattice`` is set.
+6. alpha (per-tensor or per-row/column scales): ``alpha_mode`` says how the
+   factors meet the accumulator.
+7. Output: rounded to ``output`` with ``output_mode`` (IEEE overflow).
+
+Special values follow IEEE: any NaN product, inf * 0, or infinities of both
+signs give NaN; otherwise an infinite product gives that infinity.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, fields, replace
+from fractions import Fraction
+from typing import Sequence
+
+from .errors import check_choice, parse_enum
+from .exact import Exact, Kind, NAN, exact, floor_log2, pow2
+from .formats import FormatSpec, Specials, get_format
+from .rounding import Mode, Overflow, InfPolicy, NanPolicy, Policy, Subnormal, encode
+
+__all__ = ["ScalePoint", "AlphaMode", "GemmModel", "PRESETS", "get_preset", "dot", "matmul",
+           "accumulator_format", "round_fp", "fused_step"]
+
+
+class ScalePoint(enum.Enum):
+    PRODUCT = "product"  # block scales multiply each product (exact)
+    GROUP = "group"      # block scales multiply the rounded group partial
+
+
+class AlphaMode(enum.Enum):
+    EXACT = "exact"                # round(c * prod(alpha)) once
+    PREMULTIPLIED = "premultiplied"  # alpha = fp32(prod of factors) first, then round(c * alpha)
+    SEQUENTIAL = "sequential"      # round(round(c * a1) * a2) ...
+
+
+_ALIGN_MODES = (Mode.RTZ, Mode.RDN, Mode.RNE, Mode.RNA, Mode.RUP)
+_ROUND_MODES = (Mode.RNE, Mode.RTZ, Mode.RDN, Mode.RUP, Mode.RNA, Mode.RTO)
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    name: str = "custom"
+    product_format: str | None = None
+    fma_width: int = 1
+    align_bits: int | None = None
+    align_mode: Mode = Mode.RTZ
+    acc_frac_bits: int = 23
+    norm_mode: Mode = Mode.RNE
+    acc_subnormal: Subnormal = Subnormal.KEEP
+    group_size: int | None = None
+    outer_mode: Mode = Mode.RNE
+    scale_point: ScalePoint = ScalePoint.PRODUCT
+    lattice: Fraction | None = None
+    split_k: int = 1
+    alpha_mode: AlphaMode = AlphaMode.PREMULTIPLIED
+    output: str = "float32"
+    output_mode: Mode = Mode.RNE
+
+    def __post_init__(self):
+        def bad(name, val, valid):
+            raise ValueError(f"GemmModel.{name}: invalid value {val!r}; valid choices: {valid}")
+        for name in ("fma_width", "split_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(name, v, "an int >= 1")
+        if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
+            bad("group_size", self.group_size, "None or an int >= 1")
+        if self.align_bits is not None and (not isinstance(self.align_bits, int) or self.align_bits < 0):
+            bad("align_bits", self.align_bits, "None (exact) or an int >= 0")
+        if not isinstance(self.acc_frac_bits, int) or not 1 <= self.acc_frac_bits <= 60:
+            bad("acc_frac_bits", self.acc_frac_bits, "an int in [1, 60]")
+        if self.lattice is not None:
+            lat = Fraction(self.lattice)
+            if lat <= 0:
+                bad("lattice", self.lattice, "None or a positive rational")
+            object.__setattr__(self, "lattice", lat)
+        # Enums may arrive as names (e.g. from JSON).
+        for f, cls in (("align_mode", Mode), ("norm_mode", Mode), ("outer_mode", Mode),
+                       ("output_mode", Mode), ("acc_subnormal", Subnormal),
+                       ("scale_point", ScalePoint), ("alpha_mode", AlphaMode)):
+            object.__setattr__(self, f, parse_enum(f"GemmModel.{f}", getattr(self, f), cls))
+        if self.align_mode not in _ALIGN_MODES:
+            bad("align_mode", self.align_mode.name, ", ".join(m.name for m in _ALIGN_MODES))
+        for f in ("norm_mode", "outer_mode", "output_mode"):
+            if getattr(self, f) not in _ROUND_MODES:
+                bad(f, getattr(self, f).name, ", ".join(m.name for m in _ROUND_MODES))
+        get_format(self.output)
+        if self.product_format is not None:
+            get_format(self.product_format)
+
+    # --- serialization (JSON-friendly, used by reports and baselines) ----------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, enum.Enum):
+                d[k] = v.name
+            elif isinstance(v, Fraction):
+                d[k] = str(v)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmModel":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"GemmModel: unknown fields {sorted(unknown)}; valid: {sorted(names)}")
+        d = dict(d)
+        if d.get("lattice") is not None:
+            d["lattice"] = Fraction(d["lattice"])
+        return cls(**d)
+
+    def replace(self, **kw) -> "GemmModel":
+        return replace(self, **kw)
+
+    def describe(self) -> str:
+        """One paragraph in words, for model cards."""
+        parts = ["products exact" if self.product_format is None
+                 else f"products rounded to {self.product_format}"]
+        if self.align_bits is None:
+            parts.append(f"{self.fma_width} product(s) + accumulator summed exactly per step")
+        else:
+            parts.append(f"{self.fma_width} product(s) + accumulator per fused step, aligned to the "
+                         f"largest exponent keeping {self.align_bits} fraction bits ({self.align_mode.name})")
+        parts.append(f"normalized to {self.acc_frac_bits} fraction bits with {self.norm_mode.name}")
+        if self.group_size is not None:
+            parts.append(f"groups of {self.group_size} products added into an FP32 accumulator "
+                         f"with {self.outer_mode.name}")
+        if self.split_k > 1:
+            parts.append(f"K split into {self.split_k} slices summed in FP32 RNE")
+        if self.lattice is not None:
+            parts.append(f"result snapped to multiples of {self.lattice} (RNE)")
+        parts.append(f"output {self.output} ({self.output_mode.name})")
+        return "; ".join(parts)
+
+
+def accumulator_format(acc_frac_bits: int) -> FormatSpec:
+    """A float with FP32's exponent range and ``acc_frac_bits`` fraction bits."""
+    return FormatSpec(f"acc_e8m{acc_frac_bits}", 1, 8, acc_frac_bits, 127, Specials.IEEE,
+                      storage_bits=64)
+
+
+_IEEE = Policy(Overflow.IEEE, InfPolicy.PROPAGATE, NanPolicy.CANONICAL)
+_IEEE_FTZ = Policy(Overflow.IEEE, InfPolicy.PROPAGATE, NanPolicy.CANONICAL, Subnormal.FLUSH)
+
+
+def round_fp(v: Exact, fmt, mode: Mode, subnormal: Subnormal = Subnormal.KEEP) -> Exact:
+    """Round an exact value into a float format with IEEE specials; return the exact result."""
+    fmt = get_format(fmt)
+    pol = _IEEE_FTZ if subnormal is Subnormal.FLUSH else _IEEE
+    if not fmt.has_inf:
+        pol = Policy(Overflow.SATFINITE, InfPolicy.SATURATE,
+                     NanPolicy.CANONICAL if fmt.has_nan else NanPolicy.RAISE)
+    return fmt.decode(encode(v, fmt, mode, pol).code)
+
+
+def _fp32(v: Exact, mode: Mode = Mode.RNE) -> Exact:
+    return round_fp(v, "float32", mode)
+
+
+def _add(a: Exact, b: Exact) -> Exact:
+    """Exact sum of two finite values; signed zero per IEEE RNE (+0 unless both -0)."""
+    s = a.to_fraction() + b.to_fraction()
+    if s == 0:
+        return Exact(Kind.FINITE, a.negative and b.negative)
+    return Exact(Kind.FINITE, s < 0, abs(s))
+
+
+def _mul(a: Exact, b: Exact) -> Exact:
+    if a.is_nan or b.is_nan:
+        return NAN
+    neg = a.negative != b.negative
+    if a.is_inf or b.is_inf:
+        if (a.is_finite and a.mag == 0) or (b.is_finite and b.mag == 0):
+            return NAN
+        return Exact(Kind.INF, neg)
+    return Exact(Kind.FINITE, neg, a.mag * b.mag)
+
+
+def _special_sum(terms: Sequence[Exact]) -> Exact | None:
+    """IEEE result of a sum with non-finite terms, or None if all are finite."""
+    if any(t.is_nan for t in terms):
+        return NAN
+    infs = {t.negative for t in terms if t.is_inf}
+    if not infs:
+        return None
+    if len(infs) == 2:
+        return NAN
+    return Exact(Kind.INF, infs.pop())
+
+
+def _align(t: Fraction, q: Fraction, mode: Mode) -> Fraction:
+    """Round t to a multiple of q (q a power of two)."""
+    n, r = divmod(t, q)  # floor division: r >= 0
+    n = int(n)
+    if r == 0:
+        return t
+    if mode is Mode.RDN:
+        up = False
+    elif mode is Mode.RUP:
+        up = True
+    elif mode is Mode.RTZ:
+        up = t < 0
+    elif mode is Mode.RNA:
+        up = 2 * r > q or (2 * r == q and t > 0)
+    else:  # RNE
+        up = 2 * r > q or (2 * r == q and n % 2 == 1)
+    return (n + 1) * q if up else n * q
+
+
+def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact]) -> Exact:
+    """One fused step: accumulator + up to F products, aligned, summed, normalized once."""
+    sp = _special_sum([acc, *products])
+    if sp is not None:
+        return sp
+    vals = [acc.to_fraction()] + [p.to_fraction() for p in products]
+    nz = [v for v in vals if v != 0]
+    if not nz:
+        # IEEE: sum of zeros is -0 only if all are -0.
+        return Exact(Kind.FINITE, acc.negative and all(p.negative for p in products))
+    if model.align_bits is not None:
+        emax = max(floor_log2(abs(v)) for v in nz)
+        q = pow2(emax - model.align_bits)
+        vals = [_align(v, q, model.align_mode) for v in vals]
+    s = sum(vals, Fraction(0))
+    v = Exact(Kind.FINITE, s < 0, abs(s))
+    if s == 0:
+        v = Exact(Kind.FINITE, model.norm_mode is Mode.RDN)  # IEEE: exact zero sum is -0 under RDN
+    return round_fp(v, accumulator_format(model.acc_frac_bits), model.norm_mode, model.acc_subnormal)
+
+
+def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequence[Exact] | None) -> Exact:
+    G = model.group_size or max(len(prods), 1)
+    F = model.fma_width
+    outer: Exact | None = None
+    for gi, g0 in enumerate(range(0, max(len(prods), 1), G)):
+        grp = prods[g0:g0 + G]
+        acc = Exact(Kind.FINITE, False)
+        for j in range(0, len(grp), F):
+            acc = fused_step(model, acc, grp[j:j + F])
+        if group_scales is not None:
+            acc = _fp32(_mul(acc, group_scales[gi]))
+        if outer is None:
+            outer = round_fp(acc, "float32", model.outer_mode)
+        else:
+            sp = _special_sum([outer, acc])
+            outer = sp if sp is not None else round_fp(_add(outer, acc), "float32", model.outer_mode)
+    return outer
+
+
+def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None = None,
+        scales_b: Sequence | None = None, block: int | None = None,
+        alpha: Sequence | None = None) -> Exact:
+    """One output element under ``model``: sum_k a_k b_k, block scales optional.
+
+    a, b: decoded operand values (anything ``exact()`` takes); scales_a/b: one
+    decoded scale per block of ``block`` consecutive k; alpha: factors applied
+    after accumulation (e.g. scale_a[i], scale_b[j] of a scaled GEMM)."""
+    if len(a) != len(b):
+        raise ValueError(f"a, b: lengths differ ({len(a)} vs {len(b)})")
+    K = len(a)
+    av = [exact(x) for x in a]
+    bv = [exact(x) for x in b]
+    prods = [_mul(x, y) for x, y in zip(av, bv)]
+    if model.product_format is not None:
+        prods = [round_fp(p, model.product_format, Mode.RNE) for p in prods]
+
+    blocked = scales_a is not None or scales_b is not None
+    group_scales_all = None
+    if blocked:
+        if block is None or scales_a is None or scales_b is None:
+            raise ValueError("scales_a, scales_b, block: block-scaled dot needs all three")
+        if K % block:
+            raise ValueError(f"block: K={K} is not a multiple of block={block}")
+        nb = K // block
+        if len(scales_a) != nb or len(scales_b) != nb:
+            raise ValueError(f"scales_a/scales_b: expected {nb} scales each (K={K}, block={block}), "
+                             f"got {len(scales_a)} and {len(scales_b)}")
+        sab = [_mul(exact(x), exact(y)) for x, y in zip(scales_a, scales_b)]
+        if model.scale_point is ScalePoint.PRODUCT:
+            prods = [_mul(p, sab[k // block]) for k, p in enumerate(prods)]
+        else:
+            if (model.group_size or K) != block:
+                raise ValueError(f"GemmModel.group_size: scale_point GROUP needs group_size == block "
+                                 f"({block}), got {model.group_size}")
+            group_scales_all = sab
+
+    S = model.split_k
+    if K % S:
+        raise ValueError(f"split_k: K={K} is not a multiple of split_k={S}")
+    ks = K // S
+    total: Exact | None = None
+    for s in range(S):
+        gs = None
+        if group_scales_all is not None:
+            gpb = ks // block
+            gs = group_scales_all[s * gpb:(s + 1) * gpb]
+        part = _reduce_slice(model, prods[s * ks:(s + 1) * ks], gs)
+        if total is None:
+            total = part
+        else:
+            sp = _special_sum([total, part])
+            total = sp if sp is not None else _fp32(_add(total, part))
+    c = total
+    if model.lattice is not None and c.is_finite and c.mag != 0:
+        L = model.lattice
+        n, r = divmod(c.mag, L)
+        n = int(n)
+        if 2 * r > L or (2 * r == L and n % 2 == 1):
+            n += 1
+        c = Exact(Kind.FINITE, c.negative, n * L)
+    if alpha:
+        fs = [exact(x) for x in alpha]
+        if model.alpha_mode is AlphaMode.EXACT:
+            for f in fs:
+                c = _mul(c, f)
+            c = _fp32(c) if c.is_finite else c
+        elif model.alpha_mode is AlphaMode.PREMULTIPLIED:
+            al = fs[0]
+            for f in fs[1:]:
+                al = _fp32(_mul(al, f))
+            c = _mul(c, al)
+            c = _fp32(c) if c.is_finite else c
+        else:
+            for f in fs:
+                c = _mul(c, f)
+                c = _fp32(c) if c.is_finite else c
+    return round_fp(c, model.output, model.output_mode)
+
+
+def matmul(model: GemmModel, A, B, **kw) -> list[list[Exact]]:
+    """C = A @ B elementwise via ``dot`` (A: M x K rows, B: K x N); slow, exact."""
+    M, K = len(A), len(A[0]) if A else 0
+    N = len(B[0]) if B else 0
+    cols = [[B[k][j] for k in range(K)] for j in range(N)]
+    return [[dot(model, A[i], cols[j], **kw) for j in range(N)] for i in range(M)]
+
+
+_P = GemmModel
+PRESETS: dict[str, GemmModel] = {
+    # One rounding of the exact sum.
+    "exact": _P("exact", fma_width=1 << 30, align_bits=None, acc_frac_bits=23, norm_mode=Mode.RNE,
+                outer_mode=Mode.RNE),
+    # IEEE FP32: RNE after every add, in order.
+    "fp32_sequential": _P("fp32_sequential", fma_width=1, align_bits=None, acc_frac_bits=23,
+                          norm_mode=Mode.RNE),
+    # Decode block-scaled operands, then FP32 sequential accumulation.
+    "decoded_fp32": _P("decoded_fp32", fma_width=1, align_bits=None, acc_frac_bits=23,
+                       norm_mode=Mode.RNE, scale_point=ScalePoint.PRODUCT),
+    # UE5M3 paper: native NVFP4 GEMMs on Blackwell as observed by its probes.
+    "probe_matched": _P("probe_matched", fma_width=64, align_bits=None, acc_frac_bits=23,
+                        norm_mode=Mode.RNE, group_size=64, outer_mode=Mode.RTZ),
+    "probe_matched_lattice": _P("probe_matched_lattice", fma_width=64, align_bits=None,
+                                acc_frac_bits=23, norm_mode=Mode.RNE, group_size=64,
+                                outer_mode=Mode.RTZ, lattice=Fraction(1, 1024)),
+}
+
+
+def get_preset(name: str) -> GemmModel:
+    return PRESETS[check_choice("model", name, PRESETS)]
