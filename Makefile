@@ -37,5 +37,8 @@ report:
 conform:
 	@$(PY) -m fp4ref conform $(CONFORM_ARGS)
 
+gate:
+	@$(PY) -m fp4ref gate $(GATE_ARGS)
+
 clean:
 	rm -rf .venv .pytest_cache .hypothesis

@@ -4,6 +4,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+pytest_plugins = ["reports.pytest_plugin"]
+
 # ci: quick, deterministic; thorough: many more examples (make test-thorough).
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
