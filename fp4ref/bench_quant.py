@@ -1,0 +1,136 @@
+"""Quantization throughput as a fraction of copy bandwidth (``fp4ref bench --sections quant``).
+
+For each quantizer: time per call (median of timed repeats; CUDA events on a GPU),
+bytes read + written, and that rate divided by the rate of a same-size torch copy
+(bytes read + written by ``dst.copy_(src)``).  Two byte counts per row:
+``bytes_moved`` (what the kernels touch, e.g. the extra amax pass of current
+scaling) and ``bytes_logical`` (input once + outputs).  torchao's quantizers on
+the same tensor sit beside ours.  Target on the H200: >= 60% of copy bandwidth
+(logical bytes) for the fused kernels.  Ratios are reported, never asserted.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+__all__ = ["run"]
+
+
+def _timer(device):
+    if device.type == "cuda":
+        def t(fn, reps):
+            fn()
+            torch.cuda.synchronize()
+            ts = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                torch.cuda.synchronize()
+                ts.append(a.elapsed_time(b) / 1e3)
+            return statistics.median(ts)
+    else:
+        def t(fn, reps):
+            fn()
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return statistics.median(ts)
+    return t
+
+
+def run(device=None) -> list[dict]:
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    M = K = 8192 if cuda else 1024
+    reps = 20 if cuda else 3
+    timeit = _timer(device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(M, K, generator=g, dtype=torch.float32).to(torch.bfloat16).to(device)
+    N = M * K
+    dst = torch.empty_like(x)
+    t_copy = timeit(lambda: dst.copy_(x), reps)
+    copy_bytes = 2 * N * 2
+    copy_bw = copy_bytes / t_copy
+    rows = [{"section": "quant", "name": "torch copy (baseline)", "device": str(device),
+             "shape": [M, K], "dtype": "bfloat16", "seconds": t_copy,
+             "bytes_moved": copy_bytes, "bytes_logical": copy_bytes, "gb_per_s": copy_bw / 1e9,
+             "frac_copy_bw": 1.0, "frac_copy_bw_logical": 1.0}]
+
+    def add(name, fn, moved, logical, note=""):
+        try:
+            t = timeit(fn, reps)
+        except Exception as e:  # noqa: BLE001 - report, never fake
+            rows.append({"section": "quant", "name": name, "device": str(device), "skipped": True,
+                         "reason": f"{type(e).__name__}: {e}"})
+            return
+        rows.append({"section": "quant", "name": name, "device": str(device), "shape": [M, K],
+                     "dtype": "bfloat16", "seconds": t, "bytes_moved": moved,
+                     "bytes_logical": logical, "gb_per_s": moved / t / 1e9,
+                     "frac_copy_bw": (moved / t) / copy_bw,
+                     "frac_copy_bw_logical": (logical / t) / copy_bw, "note": note})
+
+    out_nv = N // 2 + N // 16 + 4            # packed e2m1 + ue4m3 scales + fp32 tensor scale
+    out_mx = N // 2 + N // 32
+    from .quant import nvfp4 as FN
+    from .quant import mx as FM
+    from .quant import ue5m3 as FU
+    from .quant import triton_quant as TQ
+    fused = TQ.available(x)
+    if fused:
+        from .quant.nvfp4 import s_enc_params
+        amax = TQ.amax(x)
+
+        def nv_current():
+            a = TQ.amax(x)
+            _, dec, mult = s_enc_params(a, 448.0)
+            return TQ.two_level_1x16(x, torch.stack((mult, dec)), "ue4m3", False)
+
+        _, dec, mult = s_enc_params(amax, 448.0)
+        p_nv = torch.stack((mult, dec))
+        _, dec5, mult5 = s_enc_params(amax, 448.0)
+        p_ue = torch.stack((mult5, dec5))
+        add("fp4ref NVFP4 te_nvfp4 1x16, current scaling (Triton: amax pass + fused quantize)",
+            nv_current, 2 * N * 2 + out_nv, N * 2 + out_nv)
+        add("fp4ref NVFP4 te_nvfp4 1x16, amax given (Triton fused, one pass)",
+            lambda: TQ.two_level_1x16(x, p_nv, "ue4m3", False), N * 2 + out_nv, N * 2 + out_nv)
+        add("fp4ref UE5M3 B=16 T=448, cached amax (Triton fused, one pass)",
+            lambda: TQ.two_level_1x16(x, p_ue, "ue5m3", True), N * 2 + out_nv, N * 2 + out_nv)
+        add("fp4ref MXFP4 ocp_mx_floor (Triton fused, one pass)",
+            lambda: TQ.mx_floor_e2m1(x), N * 2 + out_mx, N * 2 + out_mx)
+    add("fp4ref NVFP4 te_nvfp4 1x16 (torch path)",
+        lambda: FN.quantize(x, "te_nvfp4", backend="torch"), 2 * N * 2 + out_nv, N * 2 + out_nv,
+        "unfused torch ops; codes kept unpacked (one byte per element)")
+    add("fp4ref UE5M3 B=16 T=448 (torch path)",
+        lambda: FU.quantize(x, amax=1.0, backend="torch"), N * 2 + out_nv, N * 2 + out_nv,
+        "unfused torch ops")
+    add("fp4ref MXFP4 ocp_mx_floor (torch path)",
+        lambda: FM.quantize(x, "ocp_mx_floor", backend="torch"), N * 2 + out_mx,
+        N * 2 + out_mx, "unfused torch ops")
+    try:
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+
+        def ao_nv():
+            pts = per_tensor_amax_to_scale(torch.max(torch.abs(x)))
+            return NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=pts)
+        add("torchao NVFP4Tensor.to_nvfp4 two-level (torch path)", ao_nv,
+            2 * N * 2 + out_nv, N * 2 + out_nv)
+        add("torchao to_mx MXFP4 FLOOR (torch path)",
+            lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.FLOOR),
+            N * 2 + out_mx, N * 2 + out_mx)
+    except Exception as e:  # noqa: BLE001
+        rows.append({"section": "quant", "name": "torchao quantizers", "device": str(device),
+                     "skipped": True, "reason": f"torchao not importable: {type(e).__name__}: {e}"})
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for r in run():
+        print(r)

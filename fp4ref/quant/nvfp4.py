@@ -1,0 +1,282 @@
+"""NVFP4-style two-level quantization, torch (CPU/CUDA), bit-identical to
+``reference.recipes.nvfp4``: the same FP32 operations in the same order."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import torch
+
+from reference.errors import check_choice
+from reference.exact import exact
+from reference.formats import get_format
+from reference.recipes import f32 as F
+from reference.recipes.common import check_tile, check_target
+from reference.recipes.nvfp4 import NVFP4_RULES, TE_RHT_SIGNS, TwoLevelRule, hadamard_matrix
+from reference.rounding import Mode, Policy, parse_mode
+from fp4ref import cast
+from . import _elem as E
+from ._common import FLT_MAX, check_input, check_rbits, f32_scalar, pad2d
+from .blocked import BlockScaledTensor
+
+__all__ = ["quantize", "rht16"]
+
+
+def _fconst(v) -> float:
+    return float(F.f32(exact(v)))
+
+
+def _blocks(x: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
+    R, C = x.shape
+    return x.view(R // bm, bm, C // bk, bk)
+
+
+def _amax(x: torch.Tensor, dims) -> torch.Tensor:
+    return E.canon_nan(torch.amax(torch.abs(x), dim=dims))
+
+
+def rht16(x: torch.Tensor, signs=TE_RHT_SIGNS, accum: str = "exact") -> torch.Tensor:
+    """bf16((x * signs) @ H16 / 4) along rows in groups of 16, one rounding of the exact sum.
+
+    float64 accumulation is exact when a group's non-zero terms span few enough binades;
+    other groups (rare) go through the exact reference."""
+    R, C = x.shape
+    if C % 16:
+        raise ValueError(f"x: inner dimension {C} is not a multiple of the Hadamard size 16")
+    check_choice("rht_accum", accum, ("exact",))
+    x32 = x.to(torch.float32)
+    H = torch.tensor(hadamard_matrix(16), dtype=torch.float64, device=x.device)
+    S = torch.tensor(signs, dtype=torch.float64, device=x.device)
+    M = (S[:, None] * H) * 0.25
+    g = x32.to(torch.float64).view(R, C // 16, 16)
+    y = g @ M
+    # exactness: every term is x_i/4 (<= 24 significant bits); 16 of them sum exactly in
+    # float64 when max_exp - min_exp of the non-zero finite terms <= 53 - 24 - 5
+    fin = torch.isfinite(g) & (g != 0)
+    ex = torch.frexp(torch.where(fin, g, torch.ones_like(g))).exponent
+    big = torch.where(fin, ex, torch.full_like(ex, -10_000)).amax(-1)
+    small = torch.where(fin, ex, torch.full_like(ex, 10_000)).amin(-1)
+    bad = fin.any(-1) & ((big - small) > 24)
+    special = (~torch.isfinite(g)).any(-1)
+    out = cast.round_to(y.reshape(R, C), "bfloat16", Mode.RNE).to(torch.float32)
+    fix = (bad | special).nonzero().tolist()
+    if fix:
+        xs = x32.to(torch.float64).cpu()
+        for r, gi in fix:
+            bits = _rht_group_exact(xs[r, gi * 16:(gi + 1) * 16].tolist(), signs)
+            out[r, gi * 16:(gi + 1) * 16] = E.from_f32_bits(torch.tensor(bits)).to(out.device)
+    return E.canon_nan(out, 0xFFFF0000)
+
+
+def _rht_group_exact(vals, signs) -> list[int]:
+    """One RHT16 group with Python integers: the exact sum rounded once to bf16."""
+    import math
+    from fractions import Fraction
+    from reference.exact import Exact, Kind
+    from reference.recipes.nvfp4 import _exact_sum
+    H = hadamard_matrix(16)
+    if any(math.isnan(v) or math.isinf(v) for v in vals):
+        terms_all = None
+    out = []
+    fin = all(math.isfinite(v) for v in vals)
+    if fin:
+        mants = []
+        for v in vals:
+            m, e = math.frexp(v)
+            mants.append((int(m * (1 << 53)), e - 53 - 2))  # x/4 = m * 2**(e-53-2)
+        emin = min(e for _, e in mants)
+        ints = [m << (e - emin) for m, e in mants]
+    for j in range(16):
+        if fin:
+            tot = sum(ints[i] if signs[i] * H[i][j] > 0 else -ints[i] for i in range(16))
+            val = Fraction(tot) * Fraction(2) ** emin
+            if tot == 0:  # exact zero: -0 only if every term is -0
+                neg = all((signs[i] * H[i][j] > 0) == (math.copysign(1, vals[i]) < 0)
+                          for i in range(16))
+                v = F.NEG_ZERO if neg else F.ZERO
+            else:
+                v = F.bf16(exact(val))
+        else:
+            terms = []
+            for i in range(16):
+                t = exact(vals[i])
+                t = t if signs[i] * H[i][j] > 0 else -t
+                terms.append(t if not t.is_finite else Exact(Kind.FINITE, t.negative, t.mag / 4))
+            v = F.bf16(_exact_sum(terms))
+        out.append(F.bits(v))
+    return out
+
+
+def _scale_cast(s: torch.Tensor, fmt: str):
+    """FP32 block scale -> (codes, float32 value as the next FP32 step sees it)."""
+    if fmt in ("ue4m3", "float8_e4m3fn"):
+        s8 = s.to(torch.float8_e4m3fn)
+        return s8.view(torch.uint8), s8.to(torch.float32)
+    pol = Policy.make(overflow="satfinite", inf="saturate", nan="canonical")
+    c = cast.quantize(s, fmt, Mode.RNE, pol)
+    return c, cast.dequantize(c, fmt)
+
+
+def _elem(q, rule, mode, rbits, nbits):
+    if rule.elem_cast == "te_ref" and mode is Mode.RNE:
+        return E.te_ref_fp4(q)
+    if rule.elem_cast == "torchao" and mode is Mode.RNE:
+        return E.torchao_floatx(q, "float4_e2m1fn")
+    return E.rne_signed(q, "float4_e2m1fn", mode, rbits, nbits, rule.elem_nan)
+
+
+def _triton_ok(x, rule, tile, mode, copy, backend) -> bool:
+    from . import triton_quant as TQ
+    fits = (rule.tensor_scale == "te" and rule.block_scale == "te_mul" and rule.encode == "te"
+            and rule.elem_cast == "rne" and rule.elem_nan == "max" and not rule.four_over_six
+            and rule.pre_round is None and rule.scale_lo is None
+            and rule.scale_fmt in ("ue4m3", "ue5m3") and tuple(tile) == (1, 16)
+            and mode is Mode.RNE and copy == "rowwise" and x.shape[1] % 16 == 0)
+    if backend == "triton" and not (fits and TQ.available(x)):
+        raise ValueError("backend: triton needs CUDA, triton, a te_nvfp4 / ue5m3 rule with 1x16 "
+                         "blocks, RNE, rowwise and a last dimension divisible by 16; valid "
+                         "choices: auto, torch, triton")
+    return backend != "torch" and fits and TQ.available(x)
+
+
+def s_enc_params(g_amax: torch.Tensor, Tf: float, zero_amax: str = "one"):
+    """(S_enc, fl(1/S_enc), fl(S_enc * fl(1/6))) as the te rule computes them."""
+    dev = g_amax.device
+    one = torch.ones((), dtype=torch.float32, device=dev)
+    s_enc = E.tmin(torch.full((), _fconst(Tf * 6), device=dev) / g_amax, FLT_MAX)
+    z = (s_enc == 0) | ((g_amax == 0) if zero_amax == "one" else torch.zeros((), dtype=torch.bool, device=dev))
+    s_enc = torch.where(z, one, s_enc)
+    return s_enc, one / s_enc, s_enc * torch.reciprocal(torch.full((), 6.0, device=dev))
+
+
+def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, tensor_scale=None,
+             target=None, mode="rne", rbits=None, nbits=None, copy: str = "rowwise",
+             rule: TwoLevelRule | None = None, backend: str = "auto") -> BlockScaledTensor:
+    """Fast twin of ``reference.recipes.nvfp4.quantize`` (same arguments).  ``backend``:
+    auto (fused Triton kernel on CUDA where it applies), torch, or triton."""
+    check_choice("backend", backend, ("auto", "torch", "triton"))
+    if rule is None:
+        profile = check_choice("profile", profile, NVFP4_RULES)
+        rule = NVFP4_RULES[profile]
+    check_input(x)
+    check_choice("copy", copy, ("rowwise", "columnwise"))
+    bm, bk = check_tile(tile, rule.tiles)
+    mode = parse_mode(mode)
+    if mode not in (Mode.RNE, Mode.SR):
+        raise ValueError(f"mode: {mode.name} is not supported; valid choices: RNE, SR")
+    dev = x.device
+    xf = x.to(torch.float32)
+    if copy == "columnwise":
+        xf = rht16(x.t().contiguous(), accum=rule.rht_accum) if rule.rht_columnwise \
+            else xf.t().contiguous()
+    rows, cols = xf.shape
+    if rule.pad == "raise" and (rows % bm or cols % bk):
+        raise ValueError(f"x: shape {rows}x{cols} is not a multiple of the {bm}x{bk} block; "
+                         f"profile {profile} does not pad (valid: multiples of {bm}x{bk})")
+    rb = check_rbits(rbits, nbits, (rows, cols), mode is Mode.SR, mode.name)
+    T = check_target(rule.target if target is None else target)
+    Tf = _fconst(T)
+    if _triton_ok(x, rule, (bm, bk), mode, copy, backend):
+        from . import triton_quant as TQ
+        from .blocked import unpack_codes
+        g_amax = f32_scalar(amax, dev, "amax") if amax is not None else TQ.amax(x)
+        s_enc, dec, mult = s_enc_params(g_amax, Tf, rule.zero_amax)
+        params = torch.stack((mult, dec)).to(torch.float32)
+        qp, sc = TQ.two_level_1x16(x, params, rule.scale_fmt, rule.zero_scale_to_one)
+        return BlockScaledTensor((rows, cols), unpack_codes(qp, cols), "float4_e2m1fn", sc,
+                                 rule.scale_fmt, (1, 16), dec.reshape(1, 1), None, profile,
+                                 {"amax": g_amax, "s_enc": s_enc})
+    xp = pad2d(xf, bm, bk)
+    R, C = xp.shape
+    if rb is not None:
+        rb = pad2d(rb.to(torch.int64), bm, bk)
+    g_amax = f32_scalar(amax, dev, "amax") if amax is not None else \
+        E.canon_nan(torch.amax(torch.abs(xp)) if xp.numel() else torch.zeros((), device=dev))
+    one = torch.ones((), dtype=torch.float32, device=dev)
+    six = torch.full((), 6.0, dtype=torch.float32, device=dev)
+    meta = {"amax": g_amax}
+    ts = s_enc = None
+    if rule.tensor_scale == "te":
+        s_enc, ts, _ = s_enc_params(g_amax, Tf, rule.zero_amax)
+        meta["s_enc"] = s_enc
+    elif rule.tensor_scale == "torchao":
+        ts = f32_scalar(tensor_scale, dev, "tensor_scale") if tensor_scale is not None else \
+            g_amax / torch.full((), 2688.0, device=dev)
+    elif tensor_scale is not None:
+        raise ValueError("tensor_scale: this profile has no per-tensor scale")
+    sfmt = rule.scale_fmt
+    smax = float(get_format(sfmt).max_finite)
+    xb = _blocks(xp, bm, bk)
+    vmax = _amax(xb, (1, 3)) if xp.numel() else torch.zeros((R // bm, C // bk), device=dev)
+    if rule.four_over_six:
+        codes, sc = _four_over_six(xb, vmax, rule, g_amax, Tf)
+    else:
+        if rule.block_scale == "te_mul":
+            s = vmax * (s_enc * torch.reciprocal(six))
+        elif rule.block_scale == "div_first":
+            s = (vmax / six) * s_enc
+        elif rule.block_scale == "torchao":
+            s = (vmax / six) / ts
+        else:
+            s = vmax / six
+        if rule.scale_lo is not None:
+            s = torch.clamp(s, min=float(rule.scale_lo), max=smax)
+        else:
+            s = torch.clamp(E.tmin(s, FLT_MAX), -smax, smax)
+        sc, sf = _scale_cast(s, sfmt)
+        if rule.zero_scale_to_one:
+            z = sf == 0
+            one_code = get_format(sfmt).encode_magnitude(Fraction(1))
+            sc = torch.where(z, torch.full_like(sc, one_code), sc)
+            sf = torch.where(z, one, sf)
+        sfe = sf[:, None, :, None]
+        if rule.encode == "te":
+            mult = E.tmin(one / (sfe * ts), FLT_MAX)
+            q = xb * mult
+        elif rule.encode == "torchao2":
+            q = xb * ((one / ts) / sfe)
+        elif rule.encode == "torchao1":
+            q = xb * (one / sfe)
+        else:
+            q = torch.where(sfe == 0, torch.zeros_like(xb), xb / sfe)
+        q = torch.clamp(q, -6.0, 6.0).reshape(R, C)
+        if rule.pre_round == "bfloat16":
+            q = E.bf16_torch(q)
+        codes = _elem(q, rule, mode, rb, nbits if mode is Mode.SR else None)
+    return BlockScaledTensor((rows, cols), codes[:rows, :cols].contiguous(), "float4_e2m1fn",
+                             sc.contiguous(), sfmt, (bm, bk),
+                             None if ts is None else ts.reshape(1, 1), None, profile, meta)
+
+
+def _four_over_six(xb, vmax, rule, g_amax, Tf):
+    dev = xb.device
+    nbr, bm, nbc, bk = xb.shape
+    six = torch.full((), 6.0, device=dev)
+    s_enc = E.tmin(torch.full((), _fconst(Tf * 6), device=dev) / g_amax, FLT_MAX)
+    s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
+    dec = torch.ones_like(s_enc) / s_enc  # (python float / tensor is reciprocal * float)
+    denom = torch.full((), _fconst(Tf * 6), device=dev)
+    base = (vmax / six) * s_enc
+    lut = cast.dequantize(torch.arange(16, dtype=torch.uint8, device=dev), "float4_e2m1fn")
+    cands = []
+    for s in (base * 1.5, base):
+        s8 = torch.clamp(s, -448.0, 448.0).to(torch.float8_e4m3fn)
+        sf = s8.to(torch.float32)
+        sfe = sf[:, None, :, None]
+        enc = E.tmin(torch.ones_like(sfe) / (sfe * dec), FLT_MAX)
+        q = E.te_ref_fp4(torch.clamp(xb * enc, -6.0, 6.0))
+        v = lut[q.to(torch.int64)]
+        val = ((v * sfe) * g_amax) / denom
+        d = val - xb
+        t = d.abs() if rule.four_over_six == "mae" else d * d
+        err = torch.zeros(t.shape[:3], device=dev)
+        for j in range(bk):
+            err = err + t[..., j]
+        while err.shape[1] > 1:  # CUDA warp tree order over the tile's rows
+            h = err.shape[1] // 2
+            err = err[:, :h] + err[:, h:2 * h]
+        cands.append((s8.view(torch.uint8), q, err[:, 0, :]))
+    (c4, q4, e4), (c6, q6, e6) = cands
+    pick = e4 < e6
+    sc = torch.where(pick, c4, c6)
+    q = torch.where(pick[:, None, :, None], q4, q6)
+    return q.reshape(nbr * bm, nbc * bk), sc

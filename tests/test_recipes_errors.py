@@ -1,0 +1,91 @@
+"""Bad input: clear errors naming the parameter, the value and the valid choices."""
+import pytest
+import torch
+
+from reference.recipes import RECIPE_PROFILES, get_profile, quantize as rq
+from fp4ref.quant import quantize as fq
+
+
+@pytest.mark.parametrize("q", [rq, fq])
+def test_unknown_profile(q):
+    with pytest.raises(ValueError, match=r"profile: unknown value 'nvfp5'; valid choices: .*te_nvfp4"):
+        q(torch.ones(1, 16), "nvfp5")
+
+
+def test_registry_records():
+    assert len(RECIPE_PROFILES) == len(set(RECIPE_PROFILES))
+    for name, p in RECIPE_PROFILES.items():
+        assert p.name == name and p.summary and p.source and p.pad in ("zero", "raise")
+    assert get_profile("te_nvfp4_ref").cell
+    with pytest.raises(ValueError, match="tensor-scale rule"):
+        fq(torch.ones(1, 16), "te_fp8_delayed")
+
+
+@pytest.mark.parametrize("q", [rq, fq])
+@pytest.mark.parametrize("profile,kw,match", [
+    ("te_nvfp4", dict(tile=(2, 16)), r"tile: unknown value \(2, 16\); valid choices: 1x16, 16x16"),
+    ("torchao_nvfp4", dict(tile=(16, 16)), r"tile: .*valid choices: 1x16"),
+    ("te_nvfp4", dict(copy="diagonal"), r"copy: unknown value 'diagonal'; valid choices"),
+    ("te_nvfp4", dict(mode="sr"), r"rbits"),
+    ("te_nvfp4", dict(rbits=torch.zeros(1, 16, dtype=torch.int64), nbits=8), r"rbits"),
+    ("ocp_mx_floor", dict(elem_fmt="float3"), r"elem_fmt: unknown value 'float3'"),
+    ("ue5m3", dict(target=0), r"T: 0 is not a valid block-scale target"),
+    ("ue5m3", dict(tile=(1, 64)), r"tile"),
+])
+def test_bad_arguments(q, profile, kw, match):
+    with pytest.raises(ValueError, match=match):
+        q(torch.ones(1, 16), profile, **kw)
+
+
+@pytest.mark.parametrize("q", [rq, fq])
+def test_shapes_not_multiple_of_block(q):
+    # profiles that pad (TE) zero-pad; torchao / MX raise (documented per profile)
+    x = torch.ones(3, 20)
+    assert q(x, "te_nvfp4").shape == (3, 20)
+    assert q(x, "te_nvfp4", tile=(16, 16)).scale_codes.__len__() == 1
+    with pytest.raises(ValueError, match="not a multiple of the 1x16 block"):
+        q(x, "torchao_nvfp4")
+    with pytest.raises(ValueError, match="not a multiple of the MX block 32"):
+        q(x, "ocp_mx_floor")
+    with pytest.raises(ValueError, match="multiple of the block 32"):
+        q(x, "quartet_fwd")
+
+
+def test_padded_profile_pads_with_zeros():
+    x = torch.randn(3, 20)
+    p = torch.nn.functional.pad(x, (0, 12))
+    a, b = fq(x, "te_nvfp4_ref"), fq(p, "te_nvfp4_ref")
+    assert torch.equal(a.codes, b.codes[:, :20]) and torch.equal(a.scale_codes, b.scale_codes)
+    assert rq(x, "te_nvfp4_ref").codes == tuple(map(tuple, b.codes[:, :20].tolist()))
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (torch.ones(2, 16, dtype=torch.int32), TypeError, r"x: dtype torch.int32 is not"),
+    (torch.ones(16), ValueError, r"x: expected a 2D"),
+    (torch.ones(2, 2, 16), ValueError, r"x: expected a 2D"),
+    (torch.ones(0, 16), ValueError, r"x: empty tensor"),
+    (torch.ones(2, 0), ValueError, r"x: empty tensor"),
+    ([[1.0, 2.0]], TypeError, r"x: expected a torch.Tensor"),
+])
+def test_bad_tensors_fast(bad, exc, match):
+    with pytest.raises(exc, match=match):
+        fq(bad, "te_nvfp4")
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (torch.ones(2, 16, dtype=torch.int32), TypeError, r"x: dtype torch.int32 is not"),
+    (torch.ones(16), ValueError, r"x: expected a 2D"),
+    (torch.ones(0, 16), ValueError, r"x: empty"),
+    ([], ValueError, r"x: empty"),
+])
+def test_bad_tensors_reference(bad, exc, match):
+    with pytest.raises(exc, match=match):
+        rq(bad, "te_nvfp4")
+
+
+def test_backend_choice():
+    with pytest.raises(ValueError, match="backend: unknown value 'cuda'"):
+        fq(torch.ones(1, 16), "te_nvfp4", backend="cuda")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="backend: triton needs"):
+            fq(torch.ones(1, 16), "te_nvfp4", backend="triton")
