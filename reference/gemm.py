@@ -29,7 +29,9 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
 7. Output: rounded to ``output`` with ``output_mode`` (IEEE overflow).
 
 Special values follow IEEE: any NaN product, inf * 0, or infinities of both
-signs give NaN; otherwise an infinite product gives that infinity.
+signs give NaN; otherwise an infinite product gives that infinity.  An exactly
+zero sum (fused step, cross-group or split-K add) is -0 when all its terms are
+-0, +0 when all are +0, and otherwise +0, or -0 under RDN (IEEE 754 6.3).
 """
 from __future__ import annotations
 
@@ -182,11 +184,21 @@ def _fp32(v: Exact, mode: Mode = Mode.RNE) -> Exact:
     return round_fp(v, "float32", mode)
 
 
-def _add(a: Exact, b: Exact) -> Exact:
-    """Exact sum of two finite values; signed zero per IEEE RNE (+0 unless both -0)."""
+def _zero_sign(negs: Sequence[bool], mode: Mode) -> bool:
+    """IEEE sign of an exactly zero sum: -0 if all terms are negative (-0 + -0), +0 if all
+    are positive, else (opposite signs) -0 only when rounding toward -inf."""
+    if all(negs):
+        return True
+    if not any(negs):
+        return False
+    return mode is Mode.RDN
+
+
+def _add(a: Exact, b: Exact, mode: Mode = Mode.RNE) -> Exact:
+    """Exact sum of two finite values; an exact zero gets its IEEE sign under ``mode``."""
     s = a.to_fraction() + b.to_fraction()
     if s == 0:
-        return Exact(Kind.FINITE, a.negative and b.negative)
+        return Exact(Kind.FINITE, _zero_sign([a.negative, b.negative], mode))
     return Exact(Kind.FINITE, s < 0, abs(s))
 
 
@@ -240,8 +252,9 @@ def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact]) -> Exact
     vals = [acc.to_fraction()] + [p.to_fraction() for p in products]
     nz = [v for v in vals if v != 0]
     if not nz:
-        # IEEE: sum of zeros is -0 only if all are -0.
-        return Exact(Kind.FINITE, acc.negative and all(p.negative for p in products))
+        # IEEE: zeros of one sign keep it; mixed signs give +0 (-0 under RDN).
+        return Exact(Kind.FINITE, _zero_sign([acc.negative] + [p.negative for p in products],
+                                             model.norm_mode))
     if model.align_bits is not None:
         emax = max(floor_log2(abs(v)) for v in nz)
         q = pow2(emax - model.align_bits)
@@ -268,7 +281,9 @@ def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequen
             outer = round_fp(acc, "float32", model.outer_mode)
         else:
             sp = _special_sum([outer, acc])
-            outer = sp if sp is not None else round_fp(_add(outer, acc), "float32", model.outer_mode)
+            if sp is None:
+                sp = round_fp(_add(outer, acc, model.outer_mode), "float32", model.outer_mode)
+            outer = sp
     return outer
 
 
@@ -307,6 +322,9 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
             if (model.group_size or K) != block:
                 raise ValueError(f"GemmModel.group_size: scale_point GROUP needs group_size == block "
                                  f"({block}), got {model.group_size}")
+            if (K // model.split_k) % block:
+                raise ValueError(f"split_k: scale_point GROUP needs K/split_k a multiple of block "
+                                 f"({block}); got K={K}, split_k={model.split_k}")
             group_scales_all = sab
 
     S = model.split_k
@@ -340,7 +358,7 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
                 c = _mul(c, f)
             c = _fp32(c) if c.is_finite else c
         elif model.alpha_mode is AlphaMode.PREMULTIPLIED:
-            al = fs[0]
+            al = _fp32(fs[0])  # the premultiplied alpha is an FP32 value
             for f in fs[1:]:
                 al = _fp32(_mul(al, f))
             c = _mul(c, al)

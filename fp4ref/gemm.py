@@ -1,0 +1,951 @@
+"""Fast, bit-exact torch emulation of the GEMM model family of ``reference.gemm``.
+
+``emulate(model, a, b, ...)`` computes C = A @ B (M x N) under any ``GemmModel``,
+vectorized over M and N (CPU or CUDA), and equals ``reference.gemm.dot`` bit for
+bit on every element (tests/test_gemm_emulator.py proves it on hypothesis-drawn
+models and adversarial operands).
+
+How exactness is kept (no float shortcut is ever trusted):
+
+* Every value lives in an integer form (N, E): a signed int64 significand and the
+  exponent of its last bit (value = N * 2**E), plus a sign (for zeros) and a
+  kind (finite / inf / nan).  Float inputs unpack exactly from their bit
+  pattern; products are int64 products (operand widths are checked so they
+  never exceed 62 bits).
+* An exact sum of n terms is formed per output element at that element's own
+  lowest set bit: when the bits spanned (plus log2(n) carry bits) fit in 62
+  bits it is one int64 sum; otherwise a multi-limb fixed-point accumulator
+  (30-bit limbs, carries propagated) holds it over the exponent range actually
+  present, so catastrophic cancellation and huge exponent spreads are exact.
+  The top 62 bits plus a sticky bit then feed one integer rounding step.
+* Rounding (any mode, any FormatSpec, IEEE overflow/underflow/flush and
+  signed zeros) is integer shifts on the significand, the same rules as
+  ``reference.rounding.encode`` with ``reference.gemm.round_fp``'s policies.
+* Fast paths, used only where they are provably identical: (1) a chunk of
+  products whose operands are small integers (times per-row/column powers of
+  two) is summed by a float64 matmul, exact because every partial sum is an
+  integer below 2**53; (2) FP32-RNE sequential accumulation of products that
+  are exact FP32 values is a native FP32 add (IEEE add is correctly rounded).
+
+Input domain: finite values and IEEE specials of float16/bfloat16/float32/
+float64 tensors; the operand, scale (and product_format) significand widths must
+add up to at most 62 bits (always true for the low-precision formats this
+toolkit handles; checked, ValueError otherwise); lattice must be a power of two.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import NamedTuple, Sequence
+
+import torch
+
+from reference.errors import check_choice
+from reference.formats import FormatSpec, get_format
+from reference.gemm import (PRESETS, AlphaMode, GemmModel, ScalePoint, accumulator_format,
+                            get_preset)
+from reference.rounding import Mode, Subnormal
+
+__all__ = ["emulate", "round_float", "GemmModel", "PRESETS", "get_preset", "INPUT_DTYPES"]
+
+INPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+_I64 = torch.int64
+_W = 30                      # limb width of the wide accumulator
+_MASK = (1 << _W) - 1
+_BIG = 1 << 40               # exponent sentinel (far outside every real exponent)
+
+
+# ---------------------------------------------------------------------------
+# integer value form
+# ---------------------------------------------------------------------------
+class _V(NamedTuple):
+    N: torch.Tensor          # int64 signed significand; 0 for zeros and specials
+    E: torch.Tensor          # int64 exponent of N's last bit
+    neg: torch.Tensor        # bool sign (meaningful for zeros and infinities too)
+    kind: torch.Tensor | None  # int8: 0 finite, 1 inf, 2 nan; None = all finite
+
+
+def _flog2(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2 x) for int64 x in [1, 2**53] or a power of two < 2**63 (exact conversion)."""
+    return (x.to(torch.float64).view(_I64) >> 52) - 1023
+
+
+def _bitlen(x: torch.Tensor) -> torch.Tensor:
+    """Bit length of int64 x >= 0 (0 -> 0)."""
+    big = x >= (1 << 53)
+    xs = torch.where(big, x >> 11, x).clamp(min=1)  # >> 11 keeps the conversion exact
+    return torch.where(x > 0, _flog2(xs) + 1 + torch.where(big, 11, 0), 0)
+
+
+def _strip(N: torch.Tensor, E: torch.Tensor):
+    """Drop trailing zero bits (shorter spans make the one-int64 sum path likelier)."""
+    nz = N != 0
+    low = torch.where(nz, N & (-N), 1)
+    tz = torch.where(nz, _flog2(low), 0)
+    return N >> tz, torch.where(nz, E + tz, 0)
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """Exact float64 2**e for int64 e in [-1022, 1023]."""
+    return ((e + 1023) << 52).view(torch.float64)
+
+
+def _from_float(x: torch.Tensor) -> _V:
+    bits = x.to(torch.float64).view(_I64)
+    neg = bits < 0
+    ef = (bits >> 52) & 0x7FF
+    mf = bits & ((1 << 52) - 1)
+    special = ef == 0x7FF
+    kind = None
+    if bool(special.any()):
+        kind = torch.where(special, torch.where(mf == 0, 1, 2), 0).to(torch.int8)
+    M = torch.where(ef == 0, mf, mf | (1 << 52))
+    M = torch.where(special, 0, M)
+    E = torch.where(ef == 0, -1074, ef - 1075)
+    M, E = _strip(M, E)
+    return _V(torch.where(neg, -M, M), E, neg, kind)
+
+
+def _to_float(v: _V) -> torch.Tensor:
+    """float64 of values with |N| < 2**53 and E in float64's normal scaling range."""
+    N, E = v.N, v.E
+    nz = N != 0
+    x = N.to(torch.float64) * _pow2(torch.where(nz, E, 0).clamp(-1022, 1023))
+    x = torch.where(nz, x, torch.where(v.neg, -0.0, 0.0).to(torch.float64))
+    if v.kind is not None:
+        inf = torch.where(v.neg, -math.inf, math.inf).to(torch.float64)
+        x = torch.where(v.kind == 1, inf, x)
+        x = torch.where(v.kind == 2, torch.full_like(x, math.nan), x)
+    return x
+
+
+def _kinds(v: _V) -> torch.Tensor:
+    return v.kind if v.kind is not None else torch.zeros(v.N.shape, dtype=torch.int8, device=v.N.device)
+
+
+def _is_zero(v: _V) -> torch.Tensor:
+    z = v.N == 0
+    return z if v.kind is None else z & (v.kind == 0)
+
+
+def _zero(shape, device, neg=False) -> _V:
+    z = torch.zeros(shape, dtype=_I64, device=device)
+    return _V(z, z.clone(), torch.full(shape, bool(neg), device=device), None)
+
+
+def _index(v: _V, idx) -> _V:
+    return _V(v.N[idx], v.E[idx], v.neg[idx], None if v.kind is None else v.kind[idx])
+
+
+# ---------------------------------------------------------------------------
+# formats and rounding
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Fmt:
+    name: str
+    man_bits: int
+    emin: int
+    emax: int
+    mmax: int            # max finite = mmax * 2**(emax - man_bits)
+    bias: int
+    subnormals: bool
+    signed: bool
+    has_inf: bool
+    has_nan: bool
+    flush: bool = False
+
+    @property
+    def top_q(self) -> int:
+        return self.emax - self.man_bits
+
+    @property
+    def has_zero(self) -> bool:
+        return self.subnormals  # e8m0 (no subnormals) has no zero
+
+
+def _fmt(spec: "str | FormatSpec", flush: bool = False) -> _Fmt:
+    """Format plus ``reference.gemm.round_fp``'s policy: IEEE where the format has inf,
+    else saturate (finite overflow and inf) with NaN kept (or rejected if it has none)."""
+    f = get_format(spec)
+    mm = f.max_finite / Fraction(2) ** (f.emax - f.man_bits)
+    assert mm.denominator == 1
+    return _Fmt(f.name, f.man_bits, f.emin, f.emax, int(mm), f.bias, f.subnormals, f.signed,
+                f.has_inf, f.has_nan, flush)
+
+
+_FP32 = _fmt("float32")
+
+
+def _acc_fmt(model: GemmModel) -> _Fmt:
+    return _fmt(accumulator_format(model.acc_frac_bits), model.acc_subnormal is Subnormal.FLUSH)
+
+
+def _rshift_round(mag, s, sticky, neg, mode: Mode, odd=None):
+    """Round mag / 2**s (mag >= 0, s >= 0; ``sticky``: nonzero bits below mag's last)
+    to an integer with ``mode``; ``odd`` overrides the parity used by RNE/RTO."""
+    big = s >= 63
+    ss = s.clamp(0, 62)
+    n = mag >> ss
+    rem = mag - (n << ss)
+    half = torch.where(ss > 0, 1 << (ss - 1).clamp(min=0), 0)
+    pos = (ss > 0) & ~big
+    above = pos & ((rem > half) | ((rem == half) & sticky))
+    tie = pos & (rem == half) & ~sticky
+    inexact = torch.where(big, (mag != 0) | sticky, (rem != 0) | sticky)
+    n = torch.where(big, 0, n)
+    if odd is None:
+        odd = (n & 1) == 1
+    if mode is Mode.RNE:
+        up = above | (tie & odd)
+    elif mode is Mode.RNA:
+        up = above | tie
+    elif mode is Mode.RTZ:
+        up = torch.zeros_like(inexact)
+    elif mode is Mode.RUP:
+        up = inexact & ~neg
+    elif mode is Mode.RDN:
+        up = inexact & neg
+    elif mode is Mode.RTO:
+        up = inexact & ~odd
+    else:  # pragma: no cover - validated earlier
+        raise ValueError(f"mode: {mode.name} is not a deterministic rounding mode")
+    return n + up.to(_I64), inexact
+
+
+def _round_fin(mag, exp, sticky, neg, f: _Fmt, mode: Mode) -> _V:
+    """Round the finite value (-1)**neg * (mag * 2**exp + tail) into format f.
+
+    mag >= 0, < 2**62; sticky says tail != 0, in which case mag must carry at least
+    man_bits + 2 bits (callers pass the top 62 bits)."""
+    dev = mag.device
+    bl = _bitlen(mag)
+    e = exp + bl - 1
+    if f.subnormals:
+        e = torch.maximum(e, torch.full_like(e, f.emin))
+    qexp = e - f.man_bits
+    s = qexp - exp
+    if f.man_bits == 0:
+        odd = ((e + f.bias) & 1) == 1  # e8m0: the code's parity is the exponent's
+    else:
+        odd = None
+    n_r, _ = _rshift_round(mag, s.clamp(min=0), sticky, neg, mode, odd)
+    n = torch.where(s <= 0, mag << (-s).clamp(0, 62), n_r)
+    er = qexp + _bitlen(n) - 1
+    sig = n >> (f.top_q - qexp).clamp(0, 62)
+    over = (n != 0) & ((er > f.emax) | ((er == f.emax) & (sig > f.mmax)))
+    under = (n != 0) & (er < f.emin)
+    zero_in = mag == 0
+    neg_out = neg & f.signed
+    N = torch.where(neg_out, -n, n)
+    E = qexp
+    kind = torch.zeros(mag.shape, dtype=torch.int8, device=dev)
+    nan = torch.zeros_like(zero_in)
+    if not f.signed:
+        nan = nan | (neg & ~zero_in)
+    if not f.has_zero:
+        nan = nan | zero_in | under
+    if f.has_inf:
+        if mode in (Mode.RNE, Mode.RNA):
+            to_inf = over
+        elif mode is Mode.RUP:
+            to_inf = over & ~neg
+        elif mode is Mode.RDN:
+            to_inf = over & neg
+        else:
+            to_inf = torch.zeros_like(over)
+    else:
+        to_inf = torch.zeros_like(over)
+    sat = over & ~to_inf
+    N = torch.where(sat, torch.where(neg_out, -f.mmax, f.mmax), N)
+    E = torch.where(sat, f.top_q, E)
+    kind = torch.where(to_inf, 1, kind)
+    if f.flush:
+        fl = under & f.has_zero
+        N = torch.where(fl, 0, N)
+    kind = torch.where(nan, 2, kind).to(torch.int8)
+    N = torch.where(kind != 0, 0, N)
+    N, E = _strip(N, E)
+    if not bool((kind != 0).any()):
+        kind = None
+    return _V(N, E, neg_out, kind)
+
+
+def _round_value(v: _V, f: _Fmt, mode: Mode) -> _V:
+    """round_fp(v, f, mode) elementwise, specials included."""
+    r = _round_fin(v.N.abs(), v.E, torch.zeros_like(v.neg), v.neg, f, mode)
+    if v.kind is None:
+        return r
+    k = v.kind
+    if bool((k == 2).any()) and not f.has_nan:
+        raise ValueError(f"x: NaN cannot be encoded in {f.name} under nan policy RAISE; "
+                         "valid choices: TO_ZERO, TO_NEG_ZERO, TO_MAX, RAISE")
+    kind = _kinds(r).clone()
+    N, E, neg = r.N, r.E, r.neg
+    inf = k == 1
+    if f.has_inf:
+        kind = torch.where(inf, 1, kind)
+        neg = torch.where(inf, v.neg & f.signed, neg)
+    else:  # saturate
+        N = torch.where(inf, torch.where(v.neg & f.signed, -f.mmax, f.mmax), N)
+        E = torch.where(inf, f.top_q, E)
+        kind = torch.where(inf, 0, kind)
+        neg = torch.where(inf, v.neg & f.signed, neg)
+    if not f.signed:
+        kind = torch.where(inf & v.neg, 2, kind)
+    kind = torch.where(k == 2, 2, kind).to(torch.int8)
+    N = torch.where(kind != 0, 0, N)
+    N, E = _strip(N, E)
+    return _V(N, E, neg, kind)
+
+
+# ---------------------------------------------------------------------------
+# exact sums and products
+# ---------------------------------------------------------------------------
+def _exact_sum(N: torch.Tensor, E: torch.Tensor, force_limbs: bool = False):
+    """Exact row sums of N * 2**E ([R, n]); returns (mag, exp, sticky, neg, zero):
+    |sum| = mag * 2**exp + tail, 0 <= tail < 2**exp, sticky = tail != 0, mag < 2**62."""
+    R, n = N.shape
+    dev = N.device
+    nz = N != 0
+    mag = N.abs()
+    bl = _bitlen(mag)
+    lo = torch.where(nz, E, _BIG).amin(1) if n else torch.zeros(R, dtype=_I64, device=dev)
+    hi = torch.where(nz, E + bl, -_BIG).amax(1) if n else lo
+    anynz = nz.any(1)
+    lo = torch.where(anynz, lo, 0)
+    span = torch.where(anynz, hi - lo, 0)
+    lg = max(n - 1, 1).bit_length() + 1
+    fast = span + lg <= 62
+    if force_limbs:
+        fast = torch.zeros_like(fast)
+    if bool(fast.all()):
+        sh = torch.where(nz, E - lo[:, None], 0)
+        S = (N << sh).sum(1)
+        return S.abs(), lo, torch.zeros_like(anynz), S < 0, S == 0
+    out_mag = torch.zeros(R, dtype=_I64, device=dev)
+    out_exp = lo.clone()
+    out_sticky = torch.zeros(R, dtype=torch.bool, device=dev)
+    out_neg = torch.zeros(R, dtype=torch.bool, device=dev)
+    out_zero = torch.zeros(R, dtype=torch.bool, device=dev)
+    fi = fast.nonzero().squeeze(1)
+    if fi.numel():
+        m, e, st, ng, z = _exact_sum(N[fi], E[fi])
+        out_mag[fi], out_exp[fi], out_sticky[fi], out_neg[fi], out_zero[fi] = m, e, st, ng, z
+    si = (~fast).nonzero().squeeze(1)
+    # bound memory of the limb accumulator
+    step = max(1, (1 << 24) // max(1, n * 4 + int(span.max()) // _W + 8))
+    for c0 in range(0, si.numel(), step):
+        idx = si[c0:c0 + step]
+        m, e, st, ng, z = _sum_limbs(N[idx], E[idx], lo[idx], span[idx], lg)
+        out_mag[idx], out_exp[idx], out_sticky[idx], out_neg[idx], out_zero[idx] = m, e, st, ng, z
+    return out_mag, out_exp, out_sticky, out_neg, out_zero
+
+
+def _normalize(L: torch.Tensor) -> torch.Tensor:
+    for j in range(L.shape[1] - 1):
+        c = L[:, j] >> _W
+        L[:, j] -= c << _W
+        L[:, j + 1] += c
+    return L
+
+
+def _sum_limbs(N, E, lo, span, lg):
+    """Multi-limb exact sum (rows whose span does not fit one int64)."""
+    R, n = N.shape
+    dev = N.device
+    nz = N != 0
+    nl = int(span.max()) // _W + lg // _W + 8
+    sh = torch.where(nz, E - lo[:, None], 0)
+    q = sh // _W
+    r = sh - q * _W
+    mag = N.abs()
+    sgn = torch.where(N < 0, -1, 1)
+    c = [mag & _MASK, (mag >> _W) & _MASK, mag >> (2 * _W)]
+    v = [ci << r for ci in c]  # each < 2**60
+    parts = [v[0] & _MASK, (v[0] >> _W) + (v[1] & _MASK), (v[1] >> _W) + (v[2] & _MASK), v[2] >> _W]
+    L = torch.zeros(R, nl, dtype=_I64, device=dev)
+    for d, p in enumerate(parts):
+        L.scatter_add_(1, q + d, p * sgn)
+    L = _normalize(L)
+    neg = L[:, -1] < 0
+    L = torch.where(neg[:, None], -L, L)
+    L = _normalize(L)
+    nzL = L != 0
+    zero = ~nzL.any(1)
+    ar = torch.arange(nl, device=dev)
+    t = torch.where(nzL, ar, 0).amax(1)
+    Lt = L.gather(1, t[:, None]).squeeze(1)
+    total = _W * t + _bitlen(Lt)
+    pos = (total - 62).clamp(min=0)
+    k = pos // _W
+    s = pos - k * _W
+    Lp = torch.cat([L, torch.zeros(R, 4, dtype=_I64, device=dev)], 1)
+    g = [Lp.gather(1, (k + d)[:, None]).squeeze(1) for d in range(4)]
+    m = (g[0] >> s) + (g[1] << (_W - s)) + (g[2] << (2 * _W - s)) + torch.where(s == 29, g[3] << 61, 0)
+    cnz = nzL.to(_I64).cumsum(1)
+    below = torch.where(k > 0, cnz.gather(1, (k - 1).clamp(min=0)[:, None]).squeeze(1) > 0, False)
+    sticky = ((g[0] & ((1 << s) - 1)) != 0) | below
+    return m, lo + pos, sticky, neg & ~zero, zero
+
+
+def _split31(N: torch.Tensor, E: torch.Tensor):
+    """N * 2**E as two terms with |significand| < 2**31."""
+    mag = N.abs()
+    s = torch.where(N < 0, -1, 1)
+    return [((mag >> 31) * s, E + 31), ((mag & ((1 << 31) - 1)) * s, E)]
+
+
+def _mul_special(x: _V, y: _V):
+    """(kind, neg) of x * y by IEEE rules, kind None when both are finite."""
+    neg = x.neg ^ y.neg
+    if x.kind is None and y.kind is None:
+        return None, neg
+    kx, ky = _kinds(x), _kinds(y)
+    nan = (kx == 2) | (ky == 2) | ((kx == 1) & _is_zero(y)) | ((ky == 1) & _is_zero(x))
+    inf = ((kx == 1) | (ky == 1)) & ~nan
+    return torch.where(nan, 2, torch.where(inf, 1, 0)).to(torch.int8), neg
+
+
+def _mul_exact(x: _V, y: _V) -> _V:
+    """Exact product; significands must multiply below 2**62 (checked by callers)."""
+    kind, neg = _mul_special(x, y)
+    N = x.N * y.N
+    if kind is not None:
+        N = torch.where(kind != 0, 0, N)
+    return _V(N, x.E + y.E, neg, kind)
+
+
+def _finish(r: _V, kind, neg, zero_neg=None) -> _V:
+    """Overlay specials (kind) and zero signs on a rounded result."""
+    if zero_neg is not None:
+        r = _V(r.N, r.E, torch.where(r.N == 0, zero_neg, r.neg), r.kind)
+    if kind is None:
+        return r
+    sp = kind != 0
+    if not bool(sp.any()):
+        return r
+    k = torch.where(sp, kind, _kinds(r)).to(torch.int8)
+    return _V(torch.where(sp, 0, r.N), r.E, torch.where(sp, neg, r.neg), k)
+
+
+def _mul_round(x: _V, y: _V, f: _Fmt, mode: Mode) -> _V:
+    """round(x * y) into f; specials pass through unrounded (reference ``_mul`` then round)."""
+    kind, neg = _mul_special(x, y)
+    terms = [(a * b, ea + eb) for a, ea in _split31(x.N, x.E) for b, eb in _split31(y.N, y.E)]
+    N = torch.stack([t[0] for t in terms], 1)
+    E = torch.stack([t[1] for t in terms], 1)
+    mag, exp, sticky, _, zero = _exact_sum(N, E)
+    r = _round_fin(mag, exp, sticky, neg, f, mode)
+    return _finish(r, kind, neg)
+
+
+def _add_special(xs: Sequence[_V]):
+    if all(x.kind is None for x in xs):
+        return None, None
+    ks = torch.stack([_kinds(x) for x in xs], -1)
+    ng = torch.stack([x.neg for x in xs], -1)
+    nan = (ks == 2).any(-1)
+    pinf = ((ks == 1) & ~ng).any(-1)
+    ninf = ((ks == 1) & ng).any(-1)
+    nan = nan | (pinf & ninf)
+    kind = torch.where(nan, 2, torch.where(pinf | ninf, 1, 0)).to(torch.int8)
+    return kind, ninf & ~nan
+
+
+def _zero_sign(negs: torch.Tensor, mode: Mode) -> torch.Tensor:
+    """IEEE sign of an exactly zero sum over the last dim (see reference.gemm._zero_sign)."""
+    alln = negs.all(-1)
+    anyn = negs.any(-1)
+    return alln | (anyn & (mode is Mode.RDN))
+
+
+def _add_round(x: _V, y: _V, f: _Fmt, mode: Mode) -> _V:
+    kind, sneg = _add_special([x, y])
+    N = torch.stack([x.N, y.N], 1)
+    E = torch.stack([x.E, y.E], 1)
+    mag, exp, sticky, neg, zero = _exact_sum(N, E)
+    zs = _zero_sign(torch.stack([x.neg, y.neg], 1), mode)
+    neg = torch.where(zero, zs, neg)
+    r = _round_fin(mag, exp, sticky, neg, f, mode)
+    return _finish(r, kind, sneg)
+
+
+# ---------------------------------------------------------------------------
+# the fused step
+# ---------------------------------------------------------------------------
+def _align_terms(N, E, align_bits: int, mode: Mode):
+    """Round each term to a multiple of 2**(emax - align_bits), emax over the row's nonzero terms."""
+    nz = N != 0
+    mag = N.abs()
+    top = torch.where(nz, E + _bitlen(mag) - 1, -_BIG).amax(1, keepdim=True)
+    qexp = top - align_bits
+    s = qexp - E
+    n, _ = _rshift_round(mag, s.clamp(min=0), torch.zeros_like(nz), N < 0, mode)
+    move = nz & (s > 0)
+    Nn = torch.where(move, torch.where(N < 0, -n, n), N)
+    En = torch.where(move, qexp.expand_as(E), E)
+    return Nn, En
+
+
+class _Restart(Exception):
+    """A chunked fast path met a case it does not cover; redo the rows generically."""
+
+
+def _fused_step(model: GemmModel, fa: _Fmt, acc: _V, P: _V, force_limbs=False,
+                strict_zero=False) -> _V:
+    """acc [R] + products P [R, f]: one fused step (reference.gemm.fused_step).
+
+    strict_zero: raise _Restart when a nonzero sum rounds to zero (its sign would then
+    depend on zero products' signs, which pre-reduced chunks do not keep)."""
+    N = torch.cat([acc.N[:, None], P.N], 1)
+    E = torch.cat([acc.E[:, None], P.E], 1)
+    negs = torch.cat([acc.neg[:, None], P.neg], 1)
+    allzero = ~(N != 0).any(1)
+    if model.align_bits is not None:
+        N, E = _align_terms(N, E, model.align_bits, model.align_mode)
+    mag, exp, sticky, neg, zero = _exact_sum(N, E, force_limbs)
+    zneg = torch.where(allzero, _zero_sign(negs, model.norm_mode),
+                       torch.full_like(allzero, model.norm_mode is Mode.RDN))
+    neg = torch.where(zero, zneg, neg)
+    r = _round_fin(mag, exp, sticky, neg, fa, model.norm_mode)
+    if strict_zero and bool(((r.N == 0) & ~zero).any()):
+        raise _Restart
+    kind, sneg = (None, None)
+    if acc.kind is not None or P.kind is not None:
+        ks = torch.cat([_kinds(acc)[:, None], _kinds(P)], 1)
+        pinf = ((ks == 1) & ~negs).any(1)
+        ninf = ((ks == 1) & negs).any(1)
+        nan = (ks == 2).any(1) | (pinf & ninf)
+        kind = torch.where(nan, 2, torch.where(pinf | ninf, 1, 0)).to(torch.int8)
+        sneg = ninf & ~nan
+    return _finish(r, kind, sneg)
+
+
+# ---------------------------------------------------------------------------
+# argument checking
+# ---------------------------------------------------------------------------
+def _check_model(model) -> GemmModel:
+    if isinstance(model, str):
+        return get_preset(model)
+    if not isinstance(model, GemmModel):
+        raise ValueError(f"model: expected a GemmModel or a preset name, got {model!r}; "
+                         f"valid choices: {', '.join(PRESETS)}")
+    if model.lattice is not None:
+        lat = Fraction(model.lattice)
+        k = lat.numerator.bit_length() - lat.denominator.bit_length()
+        if lat != Fraction(2) ** k or not -1000 <= k <= 1000:
+            raise ValueError(f"GemmModel.lattice: {model.lattice} is not supported by the emulator; "
+                             "valid choices: None or a power of two 2**k, |k| <= 1000")
+    return model
+
+
+def _check_tensor(name, x, ndim=2) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise ValueError(f"{name}: dtype {x.dtype} is not supported; valid choices: "
+                         + ", ".join(str(d) for d in INPUT_DTYPES))
+    if x.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(x.shape)}")
+    return x
+
+
+def _alpha_factors(alpha, M, N, device) -> list[torch.Tensor]:
+    if alpha is None:
+        return []
+    items = list(alpha) if isinstance(alpha, (list, tuple)) else [alpha]
+    out = []
+    for i, f in enumerate(items):
+        name = f"alpha[{i}]" if isinstance(alpha, (list, tuple)) else "alpha"
+        if isinstance(f, bool) or not isinstance(f, (int, float, Fraction, torch.Tensor)):
+            raise ValueError(f"{name}: expected a number or a tensor broadcastable to [{M}, {N}], "
+                             f"got {type(f).__name__}")
+        if isinstance(f, torch.Tensor):
+            if f.dtype not in INPUT_DTYPES:
+                raise ValueError(f"{name}: dtype {f.dtype} is not supported; valid choices: "
+                                 + ", ".join(str(d) for d in INPUT_DTYPES))
+            try:
+                t = torch.broadcast_to(f.to(device=device, dtype=torch.float64), (M, N))
+            except RuntimeError:
+                raise ValueError(f"{name}: shape {tuple(f.shape)} does not broadcast to [{M}, {N}]") from None
+        else:
+            v = float(f)
+            if isinstance(f, Fraction) and Fraction(v) != f:
+                raise ValueError(f"{name}: {f} is not exactly representable in float64")
+            t = torch.full((M, N), v, dtype=torch.float64, device=device)
+        bad = ~torch.isfinite(t)
+        if bool(bad.any()):
+            raise ValueError(f"{name}: non-finite value {float(t[bad][0])}; valid choices: finite numbers")
+        out.append(t.contiguous())
+    return out
+
+
+def _width(v: _V) -> int:
+    return int(_bitlen(v.N.abs()).max()) if v.N.numel() else 0
+
+
+# ---------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------
+def round_float(x: torch.Tensor, fmt, mode="rne") -> torch.Tensor:
+    """Round every element of x exactly into ``fmt`` (a format name, a FormatSpec, or an
+    accumulator format) with ``mode``, with ``reference.gemm.round_fp``'s policy (IEEE
+    where the format has inf, else saturating); returns the float64 values."""
+    from reference.rounding import parse_mode
+    mode = parse_mode(mode)
+    if mode is Mode.SR:
+        raise ValueError("mode: SR is not supported here; valid choices: "
+                         + ", ".join(m.name for m in Mode if m is not Mode.SR))
+    _check_tensor("x", x, x.dim())
+    v = _from_float(x.reshape(-1))
+    return _to_float(_round_value(v, _fmt(fmt), mode)).reshape(x.shape)
+
+
+def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=None,
+            block: int | None = None, alpha=None, _paths: str = "auto") -> torch.Tensor:
+    """C = A @ B under ``model`` (a GemmModel or preset name), bit-identical to
+    ``reference.gemm.dot`` per element.
+
+    a: [M, K], b: [K, N] decoded operand values; scales_a: [M, K // block] and
+    scales_b: [K // block, N] decoded block scales; alpha: None, a number, a tensor
+    broadcastable to [M, N], or a list of such factors (combined per
+    ``model.alpha_mode``).  Returns float32 [M, N] (outputs of narrower formats are
+    exact float32 values).  ``_paths`` (tests only): "auto", "generic" (no fast
+    paths) or "limbs" (generic, and every exact sum through the limb accumulator).
+    """
+    model = _check_model(model)
+    check_choice("_paths", _paths, ("auto", "generic", "limbs"))
+    _check_tensor("a", a)
+    _check_tensor("b", b)
+    M, K = a.shape
+    if b.shape[0] != K:
+        raise ValueError(f"b: shape {tuple(b.shape)} does not match a's K={K} (a is {tuple(a.shape)})")
+    Nn = b.shape[1]
+    dev = a.device
+    if b.device != dev:
+        raise ValueError(f"b: device {b.device} differs from a's device {dev}")
+    blocked = scales_a is not None or scales_b is not None or block is not None
+    if blocked:
+        if scales_a is None or scales_b is None or block is None:
+            raise ValueError("scales_a, scales_b, block: a block-scaled GEMM needs all three "
+                             f"(got scales_a={'set' if scales_a is not None else None}, "
+                             f"scales_b={'set' if scales_b is not None else None}, block={block})")
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ValueError(f"block: {block!r} is not an int >= 1")
+        if K % block:
+            raise ValueError(f"block: K={K} is not a multiple of block={block}")
+        _check_tensor("scales_a", scales_a)
+        _check_tensor("scales_b", scales_b)
+        if tuple(scales_a.shape) != (M, K // block):
+            raise ValueError(f"scales_a: shape {tuple(scales_a.shape)} does not match "
+                             f"[M, K // block] = [{M}, {K // block}]")
+        if tuple(scales_b.shape) != (K // block, Nn):
+            raise ValueError(f"scales_b: shape {tuple(scales_b.shape)} does not match "
+                             f"[K // block, N] = [{K // block}, {Nn}]")
+        for nm, t in (("scales_a", scales_a), ("scales_b", scales_b)):
+            if t.device != dev:
+                raise ValueError(f"{nm}: device {t.device} differs from a's device {dev}")
+    S = model.split_k
+    if K % S:
+        raise ValueError(f"split_k: K={K} is not a multiple of split_k={S}")
+    if blocked and model.scale_point is ScalePoint.GROUP:
+        if (model.group_size or K) != block:
+            raise ValueError(f"GemmModel.group_size: scale_point GROUP needs group_size == block "
+                             f"({block}), got {model.group_size}")
+        if (K // S) % block:
+            raise ValueError(f"split_k: scale_point GROUP needs K/split_k a multiple of block "
+                             f"({block}); got K={K}, split_k={S}")
+    factors = _alpha_factors(alpha, M, Nn, dev)
+
+    A = _from_float(a)
+    B = _from_float(b)
+    SA = _from_float(scales_a) if blocked else None
+    SB = _from_float(scales_b) if blocked else None
+    wp = _width(A) + _width(B)
+    if model.product_format is not None:
+        wp = min(wp, get_format(model.product_format).man_bits + 1)
+    if blocked and model.scale_point is ScalePoint.PRODUCT:
+        wp += _width(SA) + _width(SB)
+    elif blocked:
+        if _width(SA) + _width(SB) > 62:
+            raise ValueError("scales_a, scales_b: scale significands wider than 62 bits together")
+    if wp > 62:
+        raise ValueError(f"a, b: products need {wp} significant bits; the emulator supports at most 62 "
+                         "(operand, product_format and scale significand widths added)")
+    ctx = _Ctx(model, A, B, SA, SB, block, _paths)
+    out = torch.empty(M, Nn, dtype=torch.float32, device=dev)
+    per_row = max(1, Nn * max(2, min(model.fma_width, K // S or 1) + 1))
+    budget = (1 << 25) if dev.type == "cuda" else (1 << 21)
+    rows = max(1, budget // per_row)
+    for r0 in range(0, M, rows):
+        r1 = min(M, r0 + rows)
+        out[r0:r1] = ctx.rows(r0, r1, [f[r0:r1] for f in factors])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the per-row-chunk engine
+# ---------------------------------------------------------------------------
+def _sub(v: _V, *idx) -> _V:
+    return _V(v.N[idx], v.E[idx], v.neg[idx], None if v.kind is None else v.kind[idx])
+
+
+class _Ctx:
+    def __init__(self, model: GemmModel, A, B, SA, SB, block, paths):
+        self.m = model
+        self.A, self.B, self.SA, self.SB, self.block = A, B, SA, SB, block
+        self.paths = paths
+        self.fa = _acc_fmt(model)
+        self.pf = _fmt(model.product_format) if model.product_format is not None else None
+        self.K = A.N.shape[1]
+        self.Nn = B.N.shape[1]
+        self.dev = A.N.device
+        self.finite = all(v is None or v.kind is None for v in (A, B, SA, SB))
+        self.chunk = self._plan_chunk() if paths == "auto" else 0
+        self.native = paths == "auto" and self._plan_native()
+
+    # --- fast path 1: chunks of products summed by an exact float64 matmul -----------
+    def _plan_chunk(self) -> int:
+        m = self.m
+        blocked = self.SA is not None
+        if (not self.finite or m.align_bits is not None or m.product_format is not None
+                or m.norm_mode is Mode.RDN or (blocked and m.scale_point is not ScalePoint.PRODUCT)):
+            return 0
+        ks = self.K // m.split_k
+        C = math.gcd(m.fma_width, m.group_size or ks, ks)
+        if blocked:
+            C = math.gcd(C, self.block)
+        if C < 2:
+            return 0
+
+        def lows(v: _V, dim):
+            nz = v.N != 0
+            lo = torch.where(nz, v.E, _BIG).amin(dim)
+            top = torch.where(nz, v.E + _bitlen(v.N.abs()), -_BIG).amax(dim)
+            lo = torch.where(nz.any(dim), lo, 0)
+            bits = int((top - lo).clamp(min=0).max()) if v.N.numel() else 0
+            return lo, bits
+        self.la, ba = lows(self.A, 1)
+        self.lb, bb = lows(self.B, 0)
+        while C >= 2 and ba + bb + (C - 1).bit_length() > 53:
+            C //= 2 if C % 2 == 0 else C
+        if C < 2:
+            return 0
+        ws = (_width(self.SA) + _width(self.SB)) if blocked else 0
+        if ba + bb + (C - 1).bit_length() + ws > 62:
+            return 0
+        # operands as exact float64 integers (per-row / per-column power-of-two offsets)
+        self.Ia = (self.A.N << (self.A.E - self.la[:, None]).clamp(min=0)).to(torch.float64)
+        self.Ib = (self.B.N << (self.B.E - self.lb[None, :]).clamp(min=0)).to(torch.float64)
+        return C
+
+    def _chunk_terms(self, r0, r1, SA, j0, j1) -> _V:
+        C = self.chunk
+        Ns, Es = [], []
+        Ebase = (self.la[r0:r1, None] + self.lb[None, :]).reshape(-1)
+        for c0 in range(j0, j1, C):
+            D = (self.Ia[r0:r1, c0:c0 + C] @ self.Ib[c0:c0 + C]).to(_I64).reshape(-1)
+            E = Ebase
+            if SA is not None:
+                blk = c0 // self.block
+                sa, sb = SA.N[:, blk], self.SB.N[blk]
+                D = D * (sa[:, None] * sb[None, :]).reshape(-1)
+                E = E + (SA.E[:, blk][:, None] + self.SB.E[blk][None, :]).reshape(-1)
+            Ns.append(D)
+            Es.append(E)
+        N = torch.stack(Ns, 1)
+        E = torch.stack(Es, 1)
+        return _V(N, E, torch.zeros(N.shape, dtype=torch.bool, device=self.dev), None)
+
+    # --- fast path 2: FP32 RNE sequential sums of exact FP32 products ------------------
+    def _plan_native(self) -> bool:
+        m = self.m
+        if (m.fma_width != 1 or m.align_bits is not None or m.acc_frac_bits != 23
+                or m.norm_mode is not Mode.RNE or m.acc_subnormal is not Subnormal.KEEP
+                or m.product_format is not None):
+            return False
+        vs = [self.A, self.B]
+        if self.SA is not None:
+            if m.scale_point is not ScalePoint.PRODUCT:
+                return False
+            vs += [self.SA, self.SB]
+        if sum(_width(v) for v in vs) > 24:
+            return False
+        lo = top = 0
+        for v in vs:
+            nz = v.N != 0
+            if bool(nz.any()):
+                lo += int(torch.where(nz, v.E, _BIG).min())
+                top += int(torch.where(nz, v.E + _bitlen(v.N.abs()), -_BIG).max())
+            else:  # every product is zero or special
+                lo, top = 0, 0
+                break
+        # every nonzero product then is a multiple of 2**-149 below 2**128: an FP32 value
+        if lo < -149 or top > 128:
+            return False
+        self.f64 = [_to_float(v) for v in vs]
+        return True
+
+    def _native_group(self, r0, r1, g0, g1) -> _V:
+        a, b = self.f64[0][r0:r1], self.f64[1]
+        acc = torch.zeros(r1 - r0, self.Nn, dtype=torch.float32, device=self.dev)
+        for k in range(g0, g1):
+            p = a[:, k, None] * b[None, k, :]
+            if len(self.f64) > 2:
+                blk = k // self.block
+                p = p * (self.f64[2][r0:r1, blk, None] * self.f64[3][None, blk, :])
+            acc = acc + p.to(torch.float32)  # IEEE FP32 add: RNE of the exact sum
+        return _from_float(acc.reshape(-1))
+
+    # products of columns [k0, k1) for rows A (sub-block) -> [R, f]
+    def _products(self, A: _V, SA, k0, k1) -> _V:
+        m = A.N.shape[0]
+        n = self.Nn
+        f = k1 - k0
+
+        a = _sub(A, slice(None), slice(k0, k1))
+        b = _sub(self.B, slice(k0, k1), slice(None))
+        ka = a.kind if a.kind is not None else None
+        kb = b.kind if b.kind is not None else None
+
+        def bc_a(t):
+            return t[:, :, None].expand(m, f, n).permute(0, 2, 1).reshape(m * n, f)
+
+        def bc_b(t):
+            return t[None, :, :].expand(m, f, n).permute(0, 2, 1).reshape(m * n, f)
+
+        va = _V(bc_a(a.N), bc_a(a.E), bc_a(a.neg), None if ka is None else bc_a(ka))
+        vb = _V(bc_b(b.N), bc_b(b.E), bc_b(b.neg), None if kb is None else bc_b(kb))
+        p = _mul_exact(va, vb)
+        if self.pf is not None:
+            p = _round_value(p, self.pf, Mode.RNE)
+        if SA is not None and self.m.scale_point is ScalePoint.PRODUCT:
+            blk = torch.arange(k0, k1, device=self.dev) // self.block
+            sa = _sub(SA, slice(None), blk)
+            sb = _sub(self.SB, blk, slice(None))
+            vsa = _V(bc_a(sa.N), bc_a(sa.E), bc_a(sa.neg), None if sa.kind is None else bc_a(sa.kind))
+            vsb = _V(bc_b(sb.N), bc_b(sb.E), bc_b(sb.neg), None if sb.kind is None else bc_b(sb.kind))
+            p = _mul_exact(p, _mul_exact(vsa, vsb))
+        return p
+
+    def _group_scale(self, SA, g) -> _V:
+        m = SA.N.shape[0]
+        n = self.Nn
+        sa = _sub(SA, slice(None), g)
+        sb = _sub(self.SB, g, slice(None))
+
+        def ea(t):
+            return t[:, None].expand(m, n).reshape(-1)
+
+        def eb(t):
+            return t[None, :].expand(m, n).reshape(-1)
+        va = _V(ea(sa.N), ea(sa.E), ea(sa.neg), None if sa.kind is None else ea(sa.kind))
+        vb = _V(eb(sb.N), eb(sb.E), eb(sb.neg), None if sb.kind is None else eb(sb.kind))
+        return _mul_exact(va, vb)
+
+    def rows(self, r0, r1, factors) -> torch.Tensor:
+        try:
+            c = self._rows(r0, r1)
+        except _Restart:
+            self.chunk = 0
+            c = self._rows(r0, r1)
+        return self._finish_rows(c, r0, r1, factors)
+
+    def _rows(self, r0, r1) -> _V:
+        m = self.m
+        self.r0, self.r1 = r0, r1
+        A = _sub(self.A, slice(r0, r1))
+        SA = _sub(self.SA, slice(r0, r1)) if self.SA is not None else None
+        R = (r1 - r0) * self.Nn
+        ks = self.K // m.split_k
+        total = None
+        for s in range(m.split_k):
+            part = self._slice(A, SA, s * ks, (s + 1) * ks, R)
+            total = part if total is None else _add_round(total, part, _FP32, Mode.RNE)
+        return total
+
+    def _finish_rows(self, total: _V, r0, r1, factors) -> torch.Tensor:
+        m = self.m
+        c = total
+        if m.lattice is not None:
+            c = self._lattice(c)
+        if factors:
+            c = self._alpha(c, [f.reshape(-1) for f in factors])
+        c = _round_value(c, _fmt(m.output), m.output_mode)
+        return _to_float(c).to(torch.float32).reshape(r1 - r0, self.Nn)
+
+    def _slice(self, A, SA, k0, k1, R) -> _V:
+        m = self.m
+        G = m.group_size or max(k1 - k0, 1)
+        outer = None
+        for gi, g0 in enumerate(range(k0, max(k1, k0 + 1), G)):
+            g1 = min(g0 + G, k1)
+            acc = self._group(A, SA, g0, g1, R)
+            if SA is not None and m.scale_point is ScalePoint.GROUP:
+                acc = _mul_round(acc, self._group_scale(SA, g0 // self.block), _FP32, Mode.RNE)
+            if outer is None:
+                outer = _round_value(acc, _FP32, m.outer_mode)
+            else:
+                outer = _add_round(outer, acc, _FP32, m.outer_mode)
+        return outer
+
+    def _group(self, A, SA, g0, g1, R) -> _V:
+        m = self.m
+        if self.native:
+            return self._native_group(self.r0, self.r1, g0, g1)
+        acc = _zero((R,), self.dev)
+        F = m.fma_width
+        limbs = self.paths == "limbs"
+        for j0 in range(g0, g1, F):
+            j1 = min(j0 + F, g1)
+            if self.chunk:
+                P = self._chunk_terms(self.r0, self.r1, SA, j0, j1)
+                acc = _fused_step(m, self.fa, acc, P, strict_zero=True)
+            else:
+                P = self._products(A, SA, j0, j1)
+                acc = _fused_step(m, self.fa, acc, P, limbs)
+        return acc
+
+    def _lattice(self, c: _V) -> _V:
+        lat = Fraction(self.m.lattice)
+        k = lat.numerator.bit_length() - lat.denominator.bit_length()
+        fin = (c.N != 0)
+        s = (k - c.E).clamp(min=0)
+        n, _ = _rshift_round(c.N.abs(), s, torch.zeros_like(fin), c.neg, Mode.RNE)
+        move = fin & (c.E < k)
+        N = torch.where(move, torch.where(c.neg, -n, n), c.N)
+        E = torch.where(move, k, c.E)
+        N, E = _strip(N, E)
+        return _V(N, E, c.neg, c.kind)
+
+    def _alpha(self, c: _V, factors) -> _V:
+        fs = [_from_float(f) for f in factors]
+        mode = self.m.alpha_mode
+        if mode is AlphaMode.SEQUENTIAL:
+            for f in fs:
+                c = _mul_round(c, f, _FP32, Mode.RNE)
+            return c
+        if mode is AlphaMode.PREMULTIPLIED:
+            al = _round_value(fs[0], _FP32, Mode.RNE)
+            for f in fs[1:]:
+                al = _mul_round(al, f, _FP32, Mode.RNE)
+            return _mul_round(c, al, _FP32, Mode.RNE)
+        # EXACT: the whole product as an expansion of < 2**62 terms, rounded once
+        terms = [(c.N, c.E)]
+        kind, neg = None, c.neg
+        cur = c
+        for i, f in enumerate(fs):
+            kind, neg = _mul_special(cur, f)
+            cur = _V(torch.where(_is_zero(cur) | _is_zero(f), 0, 1), torch.zeros_like(c.E), neg, kind)
+            pieces = []
+            for tn, te in terms:
+                for sn, se in _split31(tn, te):
+                    for fn, fe in _split31(f.N, f.E):
+                        pieces.append((sn * fn, se + fe))
+            terms = pieces
+        N = torch.stack([t[0] for t in terms], 1)
+        E = torch.stack([t[1] for t in terms], 1)
+        mag, exp, sticky, _, zero = _exact_sum(N, E)
+        r = _round_fin(mag, exp, sticky, neg, _FP32, Mode.RNE)
+        return _finish(r, kind, neg)

@@ -1,0 +1,730 @@
+"""Triton GEMMs on block-scaled FP4 operands, bit-identical to ``reference.gemm``.
+
+``blockscaled_mm(a_codes, a_scales, b_codes, b_scales, fmt=..., model=...)`` computes
+C = A @ B^T (A: M x K, B: N x K, both K-major, as a Linear layer's X and W) for
+NVFP4 (e2m1 + ue4m3/e4m3 scales, block 16, per-tensor scales as ``alpha``),
+MXFP4 (e2m1 + e8m0, block 32) and UE5M3 (e2m1 + ue5m3, block 16; block 32 too)
+under ``probe_matched``, ``probe_matched_lattice`` and ``decoded_fp32``.
+
+Why it is exact (each step is an exact operation, or one IEEE-rounded operation
+that is the model's own rounding):
+
+* Operands: a * s_a (e2m1 value times its block scale) has at most 6
+  significant bits and lies in bfloat16's range for ue4m3/e4m3/ue5m3 scales, so
+  the bf16 operands A' = a * s_a and B' = b * s_b are exact.  All products of one
+  block share the unit 2**(e_a + e_b - 2) (e = exponent of the scale's last bit).
+* Tensor-core dots: a dot of bf16 values with FP32 accumulation is exact when
+  every product and partial sum is a multiple of a unit u below 2**23 * u (no bit
+  is lost by alignment to a >= 23-bit window, and the result is an FP32 value).
+  A single block (16 or 32 products) always satisfies it (< 2**20 u).  Two blocks
+  (32 products, "pair") satisfy it when a Cauchy-Schwarz bound from per-block
+  norms says so; the host checks this per 128x128 output tile (``_route``).
+* Group of 64 (probe_matched): pair tiles: S = fl(t0 + t1) of two exact FP32
+  pair sums is the RNE rounding of the exact group sum (IEEE addition of two
+  floats is correctly rounded).  Block tiles: four exact block sums are added
+  exactly as H + L with a per-output offset M = 1.5 * 2**23 * Q (Q a power of two
+  chosen from per-row and per-column bounds): R += t rounds t to a multiple of Q
+  (R stays in one binade), t - (R_new - R) is the exact remainder, the remainders
+  sum exactly, and S = fl((R - M) + L) is again one correct rounding.  MXFP4
+  groups are two single-block sums t_b = D_b * 2**(e_a + e_b) (exact when the
+  host's range check holds), S = fl(t0 + t1).
+* Cross-group: outer = add_rz(outer, S), an FP32 add rounded toward zero
+  (libdevice __nv_fadd_rz on GPU; an exact TwoSum-based emulation otherwise).
+* decoded_fp32: acc = fma(a*s_a, b*s_b, acc) per k in order; the product is an
+  exact FP32 value, so the FMA is the FP32 RNE add of the reference.
+* Everything the checks do not cover (non-finite scales, tiles whose bounds fail,
+  MX exponents out of range) is recomputed by the exact torch emulator
+  ``fp4ref.gemm.emulate``; lattice and alpha are applied afterwards in FP32
+  (exact IEEE ops, or the emulator's exact products for non-FP32 alpha).
+
+Memory: the bf16 operands (M*K + N*K), scale tables (M*K/16 + N*K/16) and the
+output; no M x N x K/B intermediates.  Tests: tests/test_gemm_triton.py (GPU:
+``python -m pytest -q -m gpu tests/test_gemm_triton.py``); benchmark:
+``fp4ref.bench_gemm``.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+
+from reference.errors import check_choice
+from reference.formats import get_format
+from reference.gemm import PRESETS, GemmModel
+
+try:  # triton is optional (pyproject extra "gpu")
+    import triton
+    import triton.language as tl
+    from triton.language.extra.cuda import libdevice
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the machine
+    triton = tl = libdevice = None
+    HAVE_TRITON = False
+
+__all__ = ["HAVE_TRITON", "FORMATS", "blockscaled_mm", "decode_operand", "quantize_operand",
+           "available"]
+
+# fmt -> (default scale format, allowed scale formats, default block, allowed blocks)
+FORMATS = {
+    "nvfp4": ("ue4m3", ("ue4m3", "float8_e4m3fn"), 16, (16, 32)),
+    "mxfp4": ("float8_e8m0fnu", ("float8_e8m0fnu",), 32, (32,)),
+    "ue5m3": ("ue5m3", ("ue5m3",), 16, (16, 32)),
+}
+_MODELS = ("probe_matched", "probe_matched_lattice", "decoded_fp32")
+_WIN = 23           # tensor-core exactness window (bits): bound < 2**_WIN * unit
+_PAIR, _BLOCK, _FIX = 0, 1, 2
+
+
+def available() -> bool:
+    return HAVE_TRITON and torch.cuda.is_available()
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# ---------------------------------------------------------------------------
+# decoding
+# ---------------------------------------------------------------------------
+_LUTS: dict = {}
+
+
+def _lut(fmt: str, device) -> torch.Tensor:
+    key = (fmt, str(device))
+    if key not in _LUTS:
+        spec = get_format(fmt)
+        vals = [float(spec.decode(c)) for c in range(spec.ncodes)]
+        _LUTS[key] = torch.tensor(vals, dtype=torch.float32, device=device)
+    return _LUTS[key]
+
+
+def _codes(name: str, x: torch.Tensor, rows: int | None, K: int | None) -> torch.Tensor:
+    """e2m1 codes as uint8 [rows, K]: accepts one code per byte, or packed bytes
+    (uint8 [rows, K/2] / float4_e2m1fn_x2), low nibble first."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor of e2m1 codes, got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+        x = x.view(torch.uint8)
+        packed = True
+    elif x.dtype == torch.uint8:
+        packed = K is not None and x.shape[1] * 2 == K
+    else:
+        raise ValueError(f"{name}: dtype {x.dtype} is not supported; valid choices: uint8 codes "
+                         "(one per byte or two per byte), torch.float4_e2m1fn_x2")
+    if packed:
+        x = torch.stack((x & 0xF, x >> 4), -1).reshape(x.shape[0], -1)
+    elif x.numel() and int(x.max()) > 15:
+        raise ValueError(f"{name}: codes must be 4-bit e2m1 codes (0..15) when unpacked")
+    if rows is not None and x.shape[0] != rows:
+        raise ValueError(f"{name}: expected {rows} rows, got {x.shape[0]}")
+    if K is not None and x.shape[1] != K:
+        raise ValueError(f"{name}: expected K={K} codes per row, got {x.shape[1]}")
+    return x.contiguous()
+
+
+def _scale_codes(name: str, s: torch.Tensor, sfmt: str) -> torch.Tensor:
+    if not isinstance(s, torch.Tensor) or s.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor of {sfmt} scale codes, got "
+                         f"{getattr(s, 'shape', type(s).__name__)}")
+    allowed = {torch.uint8: None, getattr(torch, "float8_e4m3fn", None): "float8_e4m3fn",
+               getattr(torch, "float8_e8m0fnu", None): "float8_e8m0fnu"}
+    if s.dtype not in allowed:
+        raise ValueError(f"{name}: dtype {s.dtype} is not supported; valid choices: uint8 codes, "
+                         "torch.float8_e4m3fn, torch.float8_e8m0fnu")
+    implied = allowed[s.dtype]
+    if implied is not None and implied != sfmt:
+        raise ValueError(f"{name}: dtype {s.dtype} holds {implied} scales but the scale format is "
+                         f"{sfmt}; valid choices: uint8 codes or the matching float8 dtype")
+    s = s.view(torch.uint8) if s.dtype != torch.uint8 else s
+    nc = get_format(sfmt).ncodes
+    if s.numel() and int(s.max()) >= nc:
+        raise ValueError(f"{name}: {sfmt} codes must lie in [0, {nc - 1}] (sign bit 0), "
+                         f"got {int(s.max())}")
+    return s.contiguous()
+
+
+def decode_operand(codes: torch.Tensor, scales: torch.Tensor, fmt: str = "nvfp4", *,
+                   scale_fmt: str | None = None, block: int | None = None):
+    """(values [R, K] float32, block scales [R, K/B] float32): the exact decoded operand,
+    as ``fp4ref.gemm.emulate`` takes it (transpose the B side for emulate's [K, N])."""
+    sfmt, block = _fmt_args(fmt, scale_fmt, block)
+    s = _scale_codes("scales", scales, sfmt)
+    K = s.shape[1] * block
+    c = _codes("codes", codes, s.shape[0], K)
+    return _lut("float4_e2m1fn", c.device)[c.long()], _lut(sfmt, s.device)[s.long()]
+
+
+def quantize_operand(x: torch.Tensor, fmt: str = "nvfp4", *, block: int | None = None,
+                     scale_fmt: str | None = None):
+    """Simple amax/6 block quantizer (RNE) for tests and benchmarks: (codes uint8 [R, K],
+    scale codes uint8 [R, K/B], per-tensor factor float).  Not a training recipe."""
+    from fp4ref.cast import quantize as cast_q
+    sfmt, block = _fmt_args(fmt, scale_fmt, block)
+    R, K = x.shape
+    xf = x.float()
+    g = float(xf.abs().max()) if xf.numel() else 0.0
+    ts = 1.0
+    if fmt == "nvfp4":
+        ts = g / (448 * 6) if g > 0 else 1.0
+    elif fmt == "ue5m3":
+        ts = g / (448 * 6) if g > 0 else 1.0
+    ts = float(torch.tensor(ts, dtype=torch.float32))
+    xb = (xf / ts).view(R, K // block, block)
+    amax = xb.abs().amax(-1)
+    s = amax / 6
+    sc = cast_q(s, sfmt, "rne" if sfmt != "float8_e8m0fnu" else "rup")
+    sv = _lut(sfmt, x.device)[sc.long()]
+    sv = torch.where(sv > 0, sv, torch.ones_like(sv))
+    q = torch.where(sv[..., None] > 0, xb / sv[..., None], torch.zeros_like(xb)).clamp(-6, 6)
+    codes = cast_q(q.reshape(R, K), "float4_e2m1fn", "rne")
+    sc = torch.where(_lut(sfmt, x.device)[sc.long()] > 0, sc,
+                     torch.full_like(sc, get_format(sfmt).encode_magnitude(Fraction(1))))
+    return codes.to(torch.uint8), sc.to(torch.uint8), ts
+
+
+def _fmt_args(fmt, scale_fmt, block):
+    fmt = check_choice("fmt", fmt, FORMATS)
+    dsf, sfs, dblk, blks = FORMATS[fmt]
+    sfmt = dsf if scale_fmt is None else scale_fmt
+    check_choice("scale_fmt", sfmt, sfs)
+    block = dblk if block is None else block
+    if block not in blks:
+        raise ValueError(f"block: {block!r} is not supported for {fmt}; valid choices: "
+                         + ", ".join(map(str, blks)))
+    return sfmt, block
+
+
+# ---------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------
+def _build():
+    """Define the kernels (lazily, so TRITON_INTERPRET is read at first use)."""
+    global _add_rz, _add_rn, _tile, _dot  # jit callees are looked up in module globals
+    @triton.jit
+    def _add_rz(x, y, RZ: tl.constexpr):
+        if RZ == 0:   # PTX add.rz.f32 (no .ftz): keeps subnormals
+            return tl.inline_asm_elementwise("add.rz.f32 $0, $1, $2;", "=f,f,f", [x, y],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        if RZ == 2:
+            return libdevice.add_rz(x, y)
+        # TwoSum: s = RN(x + y), e = exact error; RZ is s, or s one step toward zero
+        s = x + y
+        bb = s - x
+        e = (x - (s - bb)) + (y - bb)
+        bits = s.to(tl.int32, bitcast=True)
+        adj = (e != 0) & ((e < 0) != (s < 0))
+        r = tl.where(adj, (bits - 1).to(tl.float32, bitcast=True), s)
+        fmax = 3.4028234663852886e38
+        ovf = (tl.abs(x) <= fmax) & (tl.abs(y) <= fmax) & (tl.abs(s) > fmax)
+        return tl.where(ovf, tl.where(s < 0, -fmax, fmax), r)
+
+    @triton.jit
+    def _add_rn(x, y, ASM: tl.constexpr):
+        # opaque to the compiler: Triton rewrites dot(a, b) + c into dot(a, b, acc=c), which
+        # would move this RNE add into the tensor core's own accumulation
+        if ASM:
+            return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [x, y],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        return x + y
+
+    @triton.jit
+    def _tile(tiles, pid, M, N, NT, BM: tl.constexpr, BN: tl.constexpr):
+        t = tl.load(tiles + pid)
+        tm = t // NT
+        tn = t % NT
+        rm = tm * BM + tl.arange(0, BM)
+        rn = tn * BN + tl.arange(0, BN)
+        return rm, rn
+
+    @triton.jit
+    def _dot(a, b, F32: tl.constexpr):
+        if F32:  # the interpreter's bf16 dot is unreliable; fp32 inputs are exact too
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _pair_kernel(A, B, C, tiles, M, N, K: tl.constexpr, NT,
+                     BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr):
+        pid = tl.program_id(0)
+        rm, rn = _tile(tiles, pid, M, N, NT, BM, BN)
+        rk = tl.arange(0, 32)
+        mm = rm < M
+        nm = rn < N
+        ap = A + rm[:, None].to(tl.int64) * K + rk[None, :]
+        bp = B + rn[None, :].to(tl.int64) * K + rk[:, None]
+        outer = tl.zeros((BM, BN), dtype=tl.float32)
+        for g in range(0, K, 64):
+            k0 = g + rk
+            k1 = g + 32 + rk
+            a0 = tl.load(ap + g, mask=mm[:, None] & (k0[None, :] < K), other=0.0)
+            b0 = tl.load(bp + g, mask=nm[None, :] & (k0[:, None] < K), other=0.0)
+            a1 = tl.load(ap + g + 32, mask=mm[:, None] & (k1[None, :] < K), other=0.0)
+            b1 = tl.load(bp + g + 32, mask=nm[None, :] & (k1[:, None] < K), other=0.0)
+            t0 = _dot(a0, b0, F32)
+            t1 = _dot(a1, b1, F32)
+            outer = _add_rz(outer, _add_rn(t0, t1, not F32), RZ)
+        cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
+
+    @triton.jit
+    def _block_kernel(A, B, C, MA, QB, tiles, M, N, K: tl.constexpr, NT, NG,
+                      BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr):
+        pid = tl.program_id(0)
+        rm, rn = _tile(tiles, pid, M, N, NT, BM, BN)
+        rk = tl.arange(0, 16)
+        mm = rm < M
+        nm = rn < N
+        ap = A + rm[:, None].to(tl.int64) * K + rk[None, :]
+        bp = B + rn[None, :].to(tl.int64) * K + rk[:, None]
+        outer = tl.zeros((BM, BN), dtype=tl.float32)
+        for g in range(0, K, 64):
+            gi = g // 64
+            ma = tl.load(MA + rm.to(tl.int64) * NG + gi, mask=mm, other=1.0)
+            qb = tl.load(QB + rn.to(tl.int64) * NG + gi, mask=nm, other=1.0)
+            m0 = ma[:, None] * qb[None, :]           # 1.5 * 2**23 * Q, exact
+            r = m0
+            lo = tl.zeros((BM, BN), dtype=tl.float32)
+            for j in tl.static_range(4):
+                kk = g + 16 * j + rk
+                a = tl.load(ap + g + 16 * j, mask=mm[:, None] & (kk[None, :] < K), other=0.0)
+                b = tl.load(bp + g + 16 * j, mask=nm[None, :] & (kk[:, None] < K), other=0.0)
+                t = _dot(a, b, F32)
+                r2 = _add_rn(r, t, not F32)           # t rounded to a multiple of Q
+                lo = lo + (t - (r2 - r))              # exact remainder, exact sum
+                r = r2
+            s = (r - m0) + lo                         # one RNE rounding of the exact sum
+            outer = _add_rz(outer, s, RZ)
+        cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
+
+    @triton.jit
+    def _mx_kernel(A, B, C, FA, FB, tiles, M, N, K: tl.constexpr, NT, NB,
+                   BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr):
+        pid = tl.program_id(0)
+        rm, rn = _tile(tiles, pid, M, N, NT, BM, BN)
+        rk = tl.arange(0, 32)
+        mm = rm < M
+        nm = rn < N
+        ap = A + rm[:, None].to(tl.int64) * K + rk[None, :]
+        bp = B + rn[None, :].to(tl.int64) * K + rk[:, None]
+        outer = tl.zeros((BM, BN), dtype=tl.float32)
+        for g in range(0, K, 64):
+            s = tl.zeros((BM, BN), dtype=tl.float32)
+            for j in tl.static_range(2):
+                kk = g + 32 * j + rk
+                a = tl.load(ap + g + 32 * j, mask=mm[:, None] & (kk[None, :] < K), other=0.0)
+                b = tl.load(bp + g + 32 * j, mask=nm[None, :] & (kk[:, None] < K), other=0.0)
+                blk = (g + 32 * j) // 32
+                fa = tl.load(FA + rm.to(tl.int64) * NB + blk, mask=mm & (blk < NB), other=0.0)
+                fb = tl.load(FB + rn.to(tl.int64) * NB + blk, mask=nm & (blk < NB), other=0.0)
+                t = _dot(a, b, F32) * (fa[:, None] * fb[None, :])  # exact (range-checked)
+                s = _add_rn(s, t, not F32)                         # t0 + t1: one RNE rounding
+            outer = _add_rz(outer, s, RZ)
+        cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
+
+    @triton.jit
+    def _decoded_kernel(AT, BT, C, M, N, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        pm = tl.program_id(0)
+        pn = tl.program_id(1)
+        rm = pm * BM + tl.arange(0, BM)
+        rn = pn * BN + tl.arange(0, BN)
+        mm = rm < M
+        nm = rn < N
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in range(0, K):
+            a = tl.load(AT + k * M + rm, mask=mm, other=0.0)
+            b = tl.load(BT + k * N + rn, mask=nm, other=0.0)
+            acc = acc + a[:, None] * b[None, :]   # exact product: FP32 RNE add (FMA or not)
+        cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(cp, acc, mask=mm[:, None] & nm[None, :])
+
+    return dict(pair=_pair_kernel, block=_block_kernel, mx=_mx_kernel, decoded=_decoded_kernel)
+
+
+_KERNELS: dict = {}
+
+
+def _k(name):
+    key = _interpret()
+    if key not in _KERNELS:
+        _KERNELS[key] = _build()
+    return _KERNELS[key][name]
+
+
+# ---------------------------------------------------------------------------
+# host side: checks, routing, fixup, epilogue
+# ---------------------------------------------------------------------------
+@dataclass
+class _Op:
+    vals: torch.Tensor      # e2m1 values float32 [R, K]
+    scales: torch.Tensor    # decoded scales float32 [R, nb]
+    bad: torch.Tensor       # bool [R]: a non-finite scale in the row
+
+
+def _prep(name, codes, scales, sfmt, block, rows=None) -> _Op:
+    s = _scale_codes(f"{name}_scales", scales, sfmt)
+    if isinstance(codes, torch.Tensor) and codes.dim() == 2 and codes.dtype == torch.uint8 \
+            and codes.shape[1] * 2 == s.shape[1] * block and codes.shape[0] == s.shape[0]:
+        c = _codes(f"{name}_codes", codes, None, s.shape[1] * block)  # packed bytes
+    else:
+        c = _codes(f"{name}_codes", codes, None, None)
+    K = c.shape[1]
+    if K % block:
+        raise ValueError(f"{name}_codes: K={K} is not a multiple of block={block}")
+    if tuple(s.shape) != (c.shape[0], K // block):
+        raise ValueError(f"{name}_scales: shape {tuple(s.shape)} does not match "
+                         f"[rows, K // block] = [{c.shape[0]}, {K // block}]")
+    v = _lut("float4_e2m1fn", c.device)[c.long()]
+    sv = _lut(sfmt, s.device)[s.long()]
+    bad = ~torch.isfinite(sv).all(1)
+    return _Op(v, sv, bad)
+
+
+def _unit_exp(s: torch.Tensor) -> torch.Tensor:
+    """Exponent of the last set bit of |s| (finite, nonzero), as int64; exact."""
+    from fp4ref.gemm import _from_float
+    return _from_float(s.abs()).E
+
+
+def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
+    m, e = torch.frexp(x)
+    return torch.where(m == 0.5, e - 1, e).to(torch.int64)
+
+
+def _side_bounds(op: _Op, block: int, T: int):
+    """Per row and block: X = |s| * ||a_block||_2 (an upper bound, float64) and the unit
+    exponent of the products' A side (u = 2**(e_last(s) - 1)); padded to T rows."""
+    R, K = op.vals.shape
+    nb = K // block
+    s = torch.where(torch.isfinite(op.scales), op.scales, torch.zeros_like(op.scales))
+    sq = (op.vals.double().view(R, nb, block) ** 2).sum(-1)
+    X = s.double().abs() * torch.sqrt(sq) * (1 + 2.0 ** -40)
+    live = (X > 0)
+    ue = torch.where(live, _unit_exp(torch.where(live, s, torch.ones_like(s))) - 1,
+                     torch.full_like(X, 1 << 20, dtype=torch.int64))
+    X = torch.where(live, X, torch.zeros_like(X))
+    pad = (-R) % T
+    if pad:
+        X = torch.cat([X, X.new_zeros(pad, nb)])
+        ue = torch.cat([ue, ue.new_full((pad, nb), 1 << 20)])
+    return X, ue
+
+
+def _p2(e: torch.Tensor) -> torch.Tensor:
+    from fp4ref.gemm import _pow2
+    return _pow2(e)
+
+
+def _route(A: _Op, B: _Op, block: int, BM: int, BN: int):
+    """Tile modes [Mt, Nt] (PAIR / BLOCK / FIX) and the BLOCK kernel's offset tables."""
+    M, K = A.vals.shape
+    N = B.vals.shape[0]
+    Mt, Nt = -(-M // BM), -(-N // BN)
+    XA, ua = _side_bounds(A, block, BM)
+    XB, ub = _side_bounds(B, block, BN)
+    nb = K // block
+    dev = XA.device
+    if block == 32:  # one block per half group: always exact
+        return torch.zeros(Mt, Nt, dtype=torch.int64, device=dev), None, None
+    nbp = -(-nb // 4) * 4
+    if nbp != nb:
+        XA = torch.cat([XA, XA.new_zeros(XA.shape[0], nbp - nb)], 1)
+        XB = torch.cat([XB, XB.new_zeros(XB.shape[0], nbp - nb)], 1)
+        ua = torch.cat([ua, ua.new_full((ua.shape[0], nbp - nb), 1 << 20)], 1)
+        ub = torch.cat([ub, ub.new_full((ub.shape[0], nbp - nb), 1 << 20)], 1)
+    NG = nbp // 4
+    # --- pair certificate: sum_b X'_ib Y'_jb < 2**_WIN over each pair, per tile
+    def pair_norm(X, u):
+        up = u.view(u.shape[0], nbp // 2, 2).amin(-1)          # pair unit exponent
+        Xn = X.view(X.shape[0], nbp // 2, 2) * _p2((-up).clamp(-1022, 1022))[..., None]
+        return Xn.view(X.shape[0], nbp)
+    XAn = pair_norm(XA, ua).view(Mt, BM, nbp).amax(1)          # [Mt, nbp]
+    XBn = pair_norm(XB, ub).view(Nt, BN, nbp).amax(1)          # [Nt, nbp]
+    ok_pair = torch.ones(Mt, Nt, dtype=torch.bool, device=dev)
+    step = max(1, (1 << 24) // max(1, Mt * Nt))
+    for p0 in range(0, nbp // 2, step):  # [Mt, Nt, pairs] in bounded chunks
+        xa = XAn.view(Mt, nbp // 2, 2)[:, p0:p0 + step]
+        xb = XBn.view(Nt, nbp // 2, 2)[:, p0:p0 + step]
+        tot = (xa[:, None] * xb[None]).sum(-1)
+        ok_pair &= (tot < 2.0 ** _WIN).all(-1)
+    # --- block (offset) scheme: Q = 2**(qa + qb), sum|t| <= 2**21 Q, Q <= 2**23 u_min
+    SX = XA.view(-1, NG, 4).sum(-1)                            # [Mp, NG]
+    MY = XB.view(-1, NG, 4).amax(-1)                           # [Np, NG]
+    uga = ua.view(-1, NG, 4).amin(-1)
+    ugb = ub.view(-1, NG, 4).amin(-1)
+    qa = torch.where(SX > 0, _ceil_log2(SX) - 21, torch.full_like(uga, -30))
+    qb = torch.where(MY > 0, _ceil_log2(MY), torch.zeros_like(ugb))
+    ra = torch.where(SX > 0, qa - uga, torch.full_like(qa, -(1 << 20)))
+    rb = torch.where(MY > 0, qb - ugb, torch.full_like(qb, -(1 << 20)))
+    raT = ra.view(Mt, BM, NG).amax(1)
+    rbT = rb.view(Nt, BN, NG).amax(1)
+    qaT_hi = qa.view(Mt, BM, NG).amax(1)
+    qbT_hi = qb.view(Nt, BN, NG).amax(1)
+    qaT_lo = qa.view(Mt, BM, NG).amin(1)
+    qbT_lo = qb.view(Nt, BN, NG).amin(1)
+    ok_blk = ((raT[:, None, :] + rbT[None, :, :]) <= 23).all(-1)
+    ok_blk &= ((qaT_hi[:, None, :] + qbT_hi[None, :, :]) <= 100).all(-1)
+    ok_blk &= ((qaT_lo[:, None, :] + qbT_lo[None, :, :]) >= -100).all(-1)
+    mode = torch.where(ok_pair, _PAIR, torch.where(ok_blk, _BLOCK, _FIX))
+    MA = (1.5 * 2.0 ** 23 * _p2(qa.clamp(-120, 120))).float()[:M].contiguous()
+    QB = _p2(qb.clamp(-120, 120)).float()[:N].contiguous()
+    return mode, MA, QB
+
+
+def _route_mx(A: _Op, B: _Op, BM: int, BN: int):
+    def ex(op, T):
+        s = op.scales
+        e = torch.where(torch.isfinite(s) & (s > 0), torch.frexp(s.double())[1].to(torch.int64) - 1,
+                        torch.zeros_like(s, dtype=torch.int64))
+        pad = (-e.shape[0]) % T
+        if pad:
+            e = torch.cat([e, e.new_zeros(pad, e.shape[1])])
+        e = e.view(-1, T, e.shape[1])
+        return e.amax((1, 2)), e.amin((1, 2))
+    ahi, alo = ex(A, BM)
+    bhi, blo = ex(B, BN)
+    # t = D * 2**(ea + eb), D a multiple of 1/4 below 2**11: exact FP32 iff in range; a last
+    # bit >= 2**-126 also keeps every sum normal, so flush-to-zero could not matter
+    ok = ((ahi[:, None] + bhi[None, :]) <= 117) & ((alo[:, None] + blo[None, :]) >= -124)
+    return torch.where(ok, _PAIR, _FIX)
+
+
+def _tile_list(mode: torch.Tensor, want: int, group: int = 8) -> torch.Tensor:
+    """Linear indices of tiles with ``mode == want``, in grouped order (8 row tiles per
+    column sweep) so concurrent CTAs share operand panels in L2."""
+    Mt, Nt = mode.shape
+    tm = torch.arange(Mt, device=mode.device)[:, None].expand(Mt, Nt)
+    tn = torch.arange(Nt, device=mode.device)[None, :].expand(Mt, Nt)
+    key = ((tm // group) * Nt + tn) * group + tm % group
+    sel = (mode == want).reshape(-1)
+    lin = (tm * Nt + tn).reshape(-1)[sel]
+    return lin[torch.argsort(key.reshape(-1)[sel])].contiguous()
+
+
+def _check_model(model) -> GemmModel:
+    if isinstance(model, str):
+        check_choice("model", model, _MODELS)
+        return PRESETS[model]
+    if isinstance(model, GemmModel):
+        for n in _MODELS:
+            if PRESETS[n].replace(name=model.name) == model:
+                return PRESETS[n]
+    raise ValueError(f"model: {model!r} is not supported by the Triton path; valid choices: "
+                     + ", ".join(_MODELS) + " (use fp4ref.gemm.emulate for other models)")
+
+
+def _alpha_list(alpha, M, N, dev):
+    """Scalar factors stay Python scalars (no [M, N] tensors); others go through the
+    emulator's checks (broadcast, finite)."""
+    from fp4ref.gemm import _alpha_factors
+    if alpha is None:
+        return None, []
+    items = list(alpha) if isinstance(alpha, (list, tuple)) else [alpha]
+    if all(isinstance(f, (int, float)) and not isinstance(f, bool)
+           or (isinstance(f, torch.Tensor) and f.numel() == 1) for f in items):
+        vals = [float(f) for f in items]
+        bad = [v for v in vals if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"alpha: non-finite value {bad[0]}; valid choices: finite numbers")
+        # premultiplied alpha, exactly as reference.gemm: fp32(f0), then fp32(al * f)
+        from reference.exact import exact
+        from reference.gemm import _fp32, _mul
+        al = _fp32(exact(vals[0]))
+        for v in vals[1:]:
+            al = _fp32(_mul(al, exact(v)))
+        return float(al), []
+    return None, _alpha_factors(alpha, M, N, dev)
+
+
+def _epilogue(c: torch.Tensor, model: GemmModel, alpha) -> torch.Tensor:
+    scalar, factors = alpha
+    if model.lattice is not None:
+        L = float(model.lattice)
+        fin = torch.isfinite(c) & (c.abs() < 2.0 ** 20)
+        c = torch.where(fin, torch.round(c * (1 / L)) * L, c)  # exact scalings, RNE to integer
+    if scalar is not None:
+        c = c * torch.tensor(scalar, dtype=torch.float32, device=c.device)  # FP32 RNE product
+    if factors:  # tensor factors: the emulator's exact products
+        from fp4ref import gemm as G
+        v = G._from_float(c.reshape(-1))
+        ctx = G._Ctx.__new__(G._Ctx)
+        ctx.m = model
+        v = ctx._alpha(v, [f.reshape(-1) for f in factors])
+        c = G._to_float(v).float().reshape(c.shape)
+    return c
+
+
+def _fixup(c, model, A: _Op, B: _Op, block, mode, BM, BN):
+    """Recompute (exactly, torch emulator) special rows/columns and FIX tiles."""
+    from fp4ref.gemm import emulate
+    raw = model.replace(lattice=None)
+
+    def em(ri, ci):
+        return emulate(raw, A.vals[ri], B.vals[ci].t(), scales_a=A.scales[ri],
+                       scales_b=B.scales[ci].t(), block=block)
+    M, N = c.shape
+    allr = torch.arange(M, device=c.device)
+    allc = torch.arange(N, device=c.device)
+    rows = A.bad.nonzero().squeeze(1)
+    cols = B.bad.nonzero().squeeze(1)
+    if rows.numel():
+        c[rows] = em(rows, allc)
+    if cols.numel():
+        c[:, cols] = em(allr, cols)
+    fix = (mode == _FIX)
+    if bool(fix.any()):
+        tm = fix.any(1).nonzero().squeeze(1)
+        tn = fix.any(0).nonzero().squeeze(1)
+        ri = (tm[:, None] * BM + torch.arange(BM, device=c.device)).reshape(-1)
+        ci = (tn[:, None] * BN + torch.arange(BN, device=c.device)).reshape(-1)
+        ri, ci = ri[ri < M], ci[ci < N]
+        sub = em(ri, ci)
+        keep = fix[ri // BM][:, ci // BN]
+        c[ri[:, None], ci[None, :]] = torch.where(keep, sub, c[ri][:, ci])
+    return c
+
+
+def blockscaled_mm(a_codes: torch.Tensor, a_scales: torch.Tensor, b_codes: torch.Tensor,
+                   b_scales: torch.Tensor, *, fmt="nvfp4", model="probe_matched", alpha=None,
+                   scale_fmt: str | None = None, block: int | None = None,
+                   tile: tuple[int, int] | None = None, rz: str = "auto",
+                   force: str | None = None) -> torch.Tensor:
+    """C [M, N] float32 = A @ B^T under ``model``, bit-identical to ``fp4ref.gemm.emulate``
+    / ``reference.gemm.dot`` on the decoded operands.
+
+    a_codes: e2m1 codes [M, K] (uint8, or packed [M, K/2] / float4_e2m1fn_x2);
+    b_codes: [N, K]; a_scales [M, K/B], b_scales [N, K/B]: scale codes (uint8 or the
+    matching float8 dtype); fmt: "nvfp4", "mxfp4", "ue5m3" (a pair of equal names is
+    accepted; mixed formats are rejected); alpha: per-tensor factors (e.g. NVFP4's
+    decode scales), a number, a tensor broadcastable to [M, N], or a list of them.
+    tile / rz / force are for tests: tile sizes, RZ adds by "asm" (add.rz.f32, the GPU
+    default), "libdevice" (__nv_fadd_rz) or "twosum" (exact emulation, interpreter default),
+    force "block" / "fix" routing (force never breaks exactness: it only sends tiles
+    to slower exact paths).  ``prepare(...)`` + ``plan()`` split the operand decoding and
+    routing from the kernels (benchmarks)."""
+    return prepare(a_codes, a_scales, b_codes, b_scales, fmt=fmt, model=model, alpha=alpha,
+                   scale_fmt=scale_fmt, block=block, tile=tile, rz=rz, force=force)()
+
+
+def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_matched",
+            alpha=None, scale_fmt=None, block=None, tile=None, rz="auto", force=None):
+    """Decode, check and route once; returns a callable that runs the kernels, the exact
+    fixups and the epilogue (same arguments as ``blockscaled_mm``)."""
+    if isinstance(fmt, (tuple, list)):
+        if len(fmt) != 2 or fmt[0] != fmt[1]:
+            raise ValueError(f"fmt: mixed operand formats {tuple(fmt)!r} are not supported; "
+                             f"valid choices: one of {', '.join(FORMATS)} for both operands")
+        fmt = fmt[0]
+    sfmt, block = _fmt_args(fmt, scale_fmt, block)
+    model = _check_model(model)
+    check_choice("rz", rz, ("auto", "asm", "libdevice", "twosum"))
+    if force is None:  # site-wide override, e.g. FP4REF_GEMM_FORCE=block if a GPU's
+        force = os.environ.get("FP4REF_GEMM_FORCE") or None  # pair dots prove inexact
+    if force is not None:
+        check_choice("force", force, ("pair", "block", "fix"))
+    A = _prep("a", a_codes, a_scales, sfmt, block)
+    B = _prep("b", b_codes, b_scales, sfmt, block)
+    M, K = A.vals.shape
+    N = B.vals.shape[0]
+    if B.vals.shape[1] != K:
+        raise ValueError(f"b_codes: K={B.vals.shape[1]} differs from a_codes' K={K}")
+    if A.vals.device != B.vals.device:
+        raise ValueError(f"b_codes: device {B.vals.device} differs from a_codes' {A.vals.device}")
+    dev = A.vals.device
+    factors = _alpha_list(alpha, M, N, dev)
+    interp = _interpret()
+    use_kernel = HAVE_TRITON and (dev.type == "cuda" or interp)
+    BM, BN = tile or ((32, 32) if interp else (128, 128))
+    if not use_kernel:
+        raise RuntimeError("blockscaled_mm: needs triton and a CUDA tensor (or TRITON_INTERPRET=1); "
+                           "use fp4ref.gemm.emulate on the decoded operands instead")
+    RZ = 1 if (rz == "twosum" or (rz == "auto" and interp)) else (2 if rz == "libdevice" else 0)
+    F32 = interp
+    sa = torch.where(torch.isfinite(A.scales), A.scales, torch.zeros_like(A.scales))
+    sb = torch.where(torch.isfinite(B.scales), B.scales, torch.zeros_like(B.scales))
+    nb = K // block
+    NT = triton.cdiv(N, BN)
+    nw = 8 if not interp else 4
+    if model is PRESETS["decoded_fp32"]:
+        ap = A.vals * sa.repeat_interleave(block, 1)
+        bp = B.vals * sb.repeat_interleave(block, 1)
+        # products exact FP32 values? (ue4m3 / ue5m3 always; e8m0 when exponents allow)
+        ok = bool(torch.isfinite(ap).all() and torch.isfinite(bp).all())
+        if ok and fmt == "mxfp4":
+            ea = torch.frexp(sa[sa > 0].double())[1] if bool((sa > 0).any()) else torch.zeros(1)
+            eb = torch.frexp(sb[sb > 0].double())[1] if bool((sb > 0).any()) else torch.zeros(1)
+            # frexp exponents (e + 1): products below 2**128, last bits (and so every
+            # partial sum) at or above 2**-126, operands a * s_a normal
+            ok = (int(ea.max() + eb.max()) <= 123 and int(ea.min() + eb.min()) >= -122
+                  and int(ea.min()) >= -124 and int(eb.min()) >= -124)
+        ok = ok and force != "fix"
+        apT, bpT = (ap.t().contiguous(), bp.t().contiguous()) if ok else (None, None)
+        del ap, bp
+        mode = torch.full((triton.cdiv(M, BM), NT), _PAIR if ok else _FIX, device=dev)
+
+        def launch():
+            c = torch.zeros(M, N, dtype=torch.float32, device=dev)
+            if ok:
+                grid = (triton.cdiv(M, 64), triton.cdiv(N, 64))
+                _k("decoded")[grid](apT, bpT, c, M, N, K, BM=64, BN=64)
+            c = _fixup(c, model, A, B, block, mode, BM, BN)
+            return _epilogue(c, model, factors)
+        return launch
+    if fmt == "mxfp4":
+        mode = _route_mx(A, B, BM, BN)
+        if force == "fix":
+            mode = torch.full_like(mode, _FIX)
+        ptiles = _tile_list(mode, _PAIR)
+        btiles = ptiles[:0]
+        fa = torch.where(sa > 0, sa, torch.zeros_like(sa)).contiguous()
+        fb = torch.where(sb > 0, sb, torch.zeros_like(sb)).contiguous()
+        ap, bp = A.vals.to(torch.bfloat16), B.vals.to(torch.bfloat16)
+    else:
+        mode, MA, QB = _route(A, B, block, BM, BN)
+        if force == "block" and MA is not None:
+            mode = torch.where(mode == _PAIR, _BLOCK, mode)
+        elif force == "fix":
+            mode = torch.full_like(mode, _FIX)
+        ap = (A.vals * sa.repeat_interleave(block, 1)).to(torch.bfloat16)  # exact
+        bp = (B.vals * sb.repeat_interleave(block, 1)).to(torch.bfloat16)
+        ptiles = _tile_list(mode, _PAIR)
+        btiles = _tile_list(mode, _BLOCK)
+    n_p, n_b = ptiles.numel(), btiles.numel()
+
+    def launch():
+        c = torch.zeros(M, N, dtype=torch.float32, device=dev)
+        if fmt == "mxfp4":
+            if n_p:
+                _k("mx")[(n_p,)](ap, bp, c, fa, fb, ptiles, M, N, K, NT, nb, BM=BM, BN=BN, RZ=RZ,
+                                 F32=F32, num_warps=nw)
+        else:
+            if n_p:
+                _k("pair")[(n_p,)](ap, bp, c, ptiles, M, N, K, NT, BM=BM, BN=BN, RZ=RZ, F32=F32,
+                                   num_warps=nw, num_stages=3)
+            if n_b:
+                _k("block")[(n_b,)](ap, bp, c, MA, QB, btiles, M, N, K, NT, MA.shape[1], BM=BM,
+                                    BN=BN, RZ=RZ, F32=F32, num_warps=nw)
+        c = _fixup(c, model, A, B, block, mode, BM, BN)
+        return _epilogue(c, model, factors)
+    return launch
+
+
+def route_stats(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", scale_fmt=None, block=None,
+                tile=(128, 128)) -> dict:
+    """Fraction of output tiles on each path (for benchmarks and reports)."""
+    sfmt, block = _fmt_args(fmt, scale_fmt, block)
+    A = _prep("a", a_codes, a_scales, sfmt, block)
+    B = _prep("b", b_codes, b_scales, sfmt, block)
+    if fmt == "mxfp4":
+        mode = _route_mx(A, B, *tile)
+    else:
+        mode = _route(A, B, block, *tile)[0]
+    n = mode.numel()
+    return {"pair": int((mode == _PAIR).sum()) / n, "block": int((mode == _BLOCK).sum()) / n,
+            "fix": int((mode == _FIX).sum()) / n,
+            "special_rows": int(A.bad.sum()), "special_cols": int(B.bad.sum())}
