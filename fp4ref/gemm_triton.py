@@ -203,7 +203,7 @@ def _fmt_args(fmt, scale_fmt, block):
 # ---------------------------------------------------------------------------
 def _build():
     """Define the kernels (lazily, so TRITON_INTERPRET is read at first use)."""
-    global _add_rz, _add_rn, _tile, _dot  # jit callees are looked up in module globals
+    global _add_rz, _add_rn, _tile, _dot, _e2m1_val  # jit callees are looked up in module globals
     @triton.jit
     def _add_rz(x, y, RZ: tl.constexpr):
         if RZ == 0:   # PTX add.rz.f32 (no .ftz): keeps subnormals
@@ -343,7 +343,50 @@ def _build():
         cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
         tl.store(cp, acc, mask=mm[:, None] & nm[None, :])
 
-    return dict(pair=_pair_kernel, block=_block_kernel, mx=_mx_kernel, decoded=_decoded_kernel)
+    @triton.jit
+    def _e2m1_val(c):
+        # e2m1 code -> float32 bits: m = 1 is 0.5; m >= 2 is (1 + (m & 1) / 2) * 2**((m >> 1) - 1)
+        m = c & 7
+        bits = tl.where(m >= 2, ((126 + (m >> 1)) << 23) | ((m & 1) << 22),
+                        tl.where(m == 1, 126 << 23, 0))
+        return (bits | ((c >> 3) << 31)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _decode_kernel(CODES, SC, SLUT, VLUT, OUT, SQ, NBT, HB: tl.constexpr, NBP: tl.constexpr,
+                       PACKED: tl.constexpr, SCALE: tl.constexpr, WANT_SQ: tl.constexpr,
+                       I64: tl.constexpr):
+        # operand blocks are contiguous: block i = code words [i*HB, (i+1)*HB) (a word = two
+        # codes: a packed byte, or two one-code bytes read as int16), scale code i, output
+        # int32 words [i*HB, (i+1)*HB) holding two bf16 values (low half first)
+        pid = tl.program_id(0)
+        if I64:
+            bi = pid.to(tl.int64) * NBP + tl.arange(0, NBP)
+        else:
+            bi = pid * NBP + tl.arange(0, NBP)
+        bm = bi < NBT
+        off = bi[:, None] * HB + tl.arange(0, HB)[None, :]
+        w = tl.load(CODES + off, mask=bm[:, None], other=0).to(tl.int32)
+        lo = w & 15
+        if PACKED:
+            hi = (w >> 4) & 15
+        else:
+            hi = (w >> 8) & 15
+        vlo = _e2m1_val(lo)               # e2m1 values, by their float32 bits
+        vhi = _e2m1_val(hi)
+        if WANT_SQ:                       # multiples of 1/4 below 2**11: exact in any order
+            tl.store(SQ + bi, tl.sum(vlo * vlo + vhi * vhi, axis=1), mask=bm)
+        if SCALE:
+            sc = tl.load(SC + bi, mask=bm, other=0).to(tl.int32)
+            s = tl.load(SLUT + sc)        # scale value, 0 where not finite
+            vlo = vlo * s[:, None]        # exact: <= 6 significant bits, in bf16's range
+            vhi = vhi * s[:, None]
+        ulo = vlo.to(tl.uint32, bitcast=True)
+        uhi = vhi.to(tl.uint32, bitcast=True)
+        word = (uhi & 0xFFFF0000) | (ulo >> 16)   # bf16 = high half of the (exact) fp32
+        tl.store(OUT + off, word.to(tl.int32, bitcast=True), mask=bm[:, None])
+
+    return dict(pair=_pair_kernel, block=_block_kernel, mx=_mx_kernel, decoded=_decoded_kernel,
+                decode=_decode_kernel)
 
 
 _KERNELS: dict = {}
@@ -361,28 +404,130 @@ def _k(name):
 # ---------------------------------------------------------------------------
 @dataclass
 class _Op:
-    vals: torch.Tensor      # e2m1 values float32 [R, K]
-    scales: torch.Tensor    # decoded scales float32 [R, nb]
+    """One operand as codes; float32 values are decoded only where a slow path needs them."""
+    codes: torch.Tensor     # uint8 e2m1 codes [R, K] (one per byte) or packed [R, K/2]
+    packed: bool
+    scode: torch.Tensor     # uint8 scale codes [R, nb]
+    sfmt: str
+    K: int
+    scales: torch.Tensor    # decoded scales float32 [R, nb] (may be non-finite)
     bad: torch.Tensor       # bool [R]: a non-finite scale in the row
+    _vals: torch.Tensor | None = None
+
+    @property
+    def R(self) -> int:
+        return self.codes.shape[0]
+
+    def values(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """e2m1 values float32 [R, K] (or of the given rows)."""
+        if rows is None and self._vals is not None:
+            return self._vals
+        c = self.codes if rows is None else self.codes[rows]
+        if self.packed:
+            c = torch.stack((c & 0xF, c >> 4), -1).reshape(c.shape[0], -1)
+        v = _lut("float4_e2m1fn", c.device)[c.long()]
+        if rows is None:
+            self._vals = v
+        return v
+
+    @property
+    def vals(self) -> torch.Tensor:
+        return self.values()
 
 
 def _prep(name, codes, scales, sfmt, block, rows=None) -> _Op:
     s = _scale_codes(f"{name}_scales", scales, sfmt)
     if isinstance(codes, torch.Tensor) and codes.dim() == 2 and codes.dtype == torch.uint8 \
             and codes.shape[1] * 2 == s.shape[1] * block and codes.shape[0] == s.shape[0]:
-        c = _codes(f"{name}_codes", codes, None, s.shape[1] * block)  # packed bytes
+        packed = True
+    elif isinstance(codes, torch.Tensor) and codes.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+        packed = True
+    else:
+        packed = False
+    if packed:
+        if codes.dim() != 2:
+            raise ValueError(f"{name}_codes: expected a 2-D tensor of e2m1 codes, got "
+                             f"{tuple(codes.shape)}")
+        c = codes.view(torch.uint8).contiguous()
+        K = 2 * c.shape[1]
     else:
         c = _codes(f"{name}_codes", codes, None, None)
-    K = c.shape[1]
+        K = c.shape[1]
     if K % block:
         raise ValueError(f"{name}_codes: K={K} is not a multiple of block={block}")
     if tuple(s.shape) != (c.shape[0], K // block):
         raise ValueError(f"{name}_scales: shape {tuple(s.shape)} does not match "
                          f"[rows, K // block] = [{c.shape[0]}, {K // block}]")
-    v = _lut("float4_e2m1fn", c.device)[c.long()]
     sv = _lut(sfmt, s.device)[s.long()]
     bad = ~torch.isfinite(sv).all(1)
-    return _Op(v, sv, bad)
+    return _Op(c, packed, s, sfmt, K, sv, bad)
+
+
+_AUX: dict = {}
+
+
+def _aux(kind: str, sfmt: str, device) -> torch.Tensor:
+    """Small per-code tables: "sane" (scale value, 0 where not finite), "ue" (unit exponent of
+    a finite nonzero scale, int64), "sq" (float32 square of an e2m1 value, per code), "sqb"
+    (per packed byte: square of the low plus the high nibble's value; exact)."""
+    key = (kind, sfmt, str(device))
+    if key not in _AUX:
+        if kind in ("sane", "ue"):
+            v = _lut(sfmt, "cpu")
+            sane = torch.where(torch.isfinite(v), v, torch.zeros_like(v))
+            if kind == "sane":
+                t = sane
+            else:
+                live = sane != 0
+                t = torch.where(live, _unit_exp(torch.where(live, sane, torch.ones_like(sane))),
+                                torch.zeros(v.shape, dtype=torch.int64))
+        else:
+            v = _lut("float4_e2m1fn", "cpu")
+            sq = v * v                                           # exact (2 significant bits)
+            t = sq if kind == "sq" else (sq[torch.arange(256) & 15] + sq[torch.arange(256) >> 4])
+        _AUX[key] = t.to(device)
+    return _AUX[key]
+
+
+def _torch_decode() -> bool:
+    return os.environ.get("FP4REF_GEMM_TORCH_DECODE", "0") == "1"
+
+
+def _block_sq(op: _Op, block: int) -> torch.Tensor:
+    """Per row and block: sum of the squared e2m1 values, float32 [R, nb]; exact (multiples of
+    1/4 below 2**11), so equal to the float64 sum of squares."""
+    if op.packed:
+        q = _aux("sqb", "", op.codes.device)[op.codes.long()]
+        return q.view(op.R, op.K // block, block // 2).sum(-1)
+    q = _aux("sq", "", op.codes.device)[op.codes.long()]
+    return q.view(op.R, op.K // block, block).sum(-1)
+
+
+def _decode_bf16(op: _Op, block: int, scale: bool, want_sq: bool):
+    """(bf16 [R, K] = a * s_a (or a alone when not ``scale``), exact; per-block sums of squares
+    float32 [R, nb] or None).  One fused Triton pass (torch fallback: FP4REF_GEMM_TORCH_DECODE=1
+    or no kernel available)."""
+    R, K = op.R, op.K
+    nb = K // block
+    dev = op.codes.device
+    sane = _aux("sane", op.sfmt, dev)
+    if _torch_decode() or not HAVE_TRITON or not (dev.type == "cuda" or _interpret()) or R * K == 0:
+        v = op.values()
+        if scale:
+            sa = sane[op.scode.long()]
+            v = v * sa.repeat_interleave(block, 1)
+        return v.to(torch.bfloat16), (_block_sq(op, block) if want_sq else None)
+    out = torch.empty(R, K, dtype=torch.bfloat16, device=dev)
+    sq = torch.empty(R, nb, dtype=torch.float32, device=dev) if want_sq else out
+    codes = op.codes if op.packed else op.codes.view(torch.int16)   # two codes per word
+    HB = block // 2
+    NBP = max(1, 2048 // HB)                # 4 KiB of codes (unpacked) / 8 KiB bf16 per program
+    nbt = R * nb
+    grid = (triton.cdiv(nbt, NBP),)
+    _k("decode")[grid](codes, op.scode, sane, _lut("float4_e2m1fn", dev), out.view(torch.int32),
+                       sq, nbt, HB=HB, NBP=NBP, PACKED=op.packed, SCALE=scale, WANT_SQ=want_sq,
+                       I64=(nbt * HB >= 2 ** 31 - NBP * HB), num_warps=4)
+    return out, (sq if want_sq else None)
 
 
 def _unit_exp(s: torch.Tensor) -> torch.Tensor:
@@ -396,16 +541,16 @@ def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
     return torch.where(m == 0.5, e - 1, e).to(torch.int64)
 
 
-def _side_bounds(op: _Op, block: int, T: int):
+def _side_bounds(op: _Op, sq: torch.Tensor, block: int, T: int):
     """Per row and block: X = |s| * ||a_block||_2 (an upper bound, float64) and the unit
-    exponent of the products' A side (u = 2**(e_last(s) - 1)); padded to T rows."""
-    R, K = op.vals.shape
-    nb = K // block
-    s = torch.where(torch.isfinite(op.scales), op.scales, torch.zeros_like(op.scales))
-    sq = (op.vals.double().view(R, nb, block) ** 2).sum(-1)
-    X = s.double().abs() * torch.sqrt(sq) * (1 + 2.0 ** -40)
+    exponent of the products' A side (u = 2**(e_last(s) - 1)); padded to T rows.
+    ``sq``: the exact per-block sums of squares (float32 [R, nb])."""
+    R, nb = op.scode.shape
+    sc = op.scode.long()
+    s = _aux("sane", op.sfmt, sc.device)[sc]
+    X = s.double().abs() * torch.sqrt(sq.double()) * (1 + 2.0 ** -40)
     live = (X > 0)
-    ue = torch.where(live, _unit_exp(torch.where(live, s, torch.ones_like(s))) - 1,
+    ue = torch.where(live, _aux("ue", op.sfmt, sc.device)[sc] - 1,
                      torch.full_like(X, 1 << 20, dtype=torch.int64))
     X = torch.where(live, X, torch.zeros_like(X))
     pad = (-R) % T
@@ -420,17 +565,18 @@ def _p2(e: torch.Tensor) -> torch.Tensor:
     return _pow2(e)
 
 
-def _route(A: _Op, B: _Op, block: int, BM: int, BN: int):
-    """Tile modes [Mt, Nt] (PAIR / BLOCK / FIX) and the BLOCK kernel's offset tables."""
-    M, K = A.vals.shape
-    N = B.vals.shape[0]
+def _route(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa=None, sqb=None):
+    """Tile modes [Mt, Nt] (PAIR / BLOCK / FIX) and the BLOCK kernel's offset tables.
+    sqa / sqb: per-block sums of squares (from the decode kernel), computed here if None."""
+    M, K = A.R, A.K
+    N = B.R
     Mt, Nt = -(-M // BM), -(-N // BN)
-    XA, ua = _side_bounds(A, block, BM)
-    XB, ub = _side_bounds(B, block, BN)
-    nb = K // block
-    dev = XA.device
+    dev = A.codes.device
     if block == 32:  # one block per half group: always exact
         return torch.zeros(Mt, Nt, dtype=torch.int64, device=dev), None, None
+    XA, ua = _side_bounds(A, _block_sq(A, block) if sqa is None else sqa, block, BM)
+    XB, ub = _side_bounds(B, _block_sq(B, block) if sqb is None else sqb, block, BN)
+    nb = K // block
     nbp = -(-nb // 4) * 4
     if nbp != nb:
         XA = torch.cat([XA, XA.new_zeros(XA.shape[0], nbp - nb)], 1)
@@ -494,16 +640,23 @@ def _route_mx(A: _Op, B: _Op, BM: int, BN: int):
     return torch.where(ok, _PAIR, _FIX)
 
 
-def _tile_list(mode: torch.Tensor, want: int, group: int = 8) -> torch.Tensor:
-    """Linear indices of tiles with ``mode == want``, in grouped order (8 row tiles per
-    column sweep) so concurrent CTAs share operand panels in L2."""
+def _tile_lists(mode: torch.Tensor, extra: list | None = None, group: int = 8):
+    """Linear indices of the PAIR and BLOCK tiles, each in grouped order (8 row tiles per
+    column sweep) so concurrent CTAs share operand panels in L2; one host sync, which also
+    reads the scalars in ``extra`` (tensors) back.  Returns (pair, block, fix count, extra)."""
     Mt, Nt = mode.shape
-    tm = torch.arange(Mt, device=mode.device)[:, None].expand(Mt, Nt)
-    tn = torch.arange(Nt, device=mode.device)[None, :].expand(Mt, Nt)
-    key = ((tm // group) * Nt + tn) * group + tm % group
-    sel = (mode == want).reshape(-1)
-    lin = (tm * Nt + tn).reshape(-1)[sel]
-    return lin[torch.argsort(key.reshape(-1)[sel])].contiguous()
+    dev = mode.device
+    tm = torch.arange(Mt, device=dev)[:, None].expand(Mt, Nt)
+    tn = torch.arange(Nt, device=dev)[None, :].expand(Mt, Nt)
+    key = ((tm // group) * Nt + tn) * group + tm % group      # unique, < (Mt + group) * Nt
+    span = (Mt + group) * Nt
+    m = mode.reshape(-1).long()
+    order = torch.argsort((m * span + key.reshape(-1)))
+    lin = (tm * Nt + tn).reshape(-1)[order]
+    cnt = torch.stack([(m == _PAIR).sum(), (m == _BLOCK).sum(), (m == _FIX).sum()]
+                      + [e.reshape(()).long() for e in (extra or [])]).tolist()
+    n_p, n_b = cnt[0], cnt[1]
+    return lin[:n_p].contiguous(), lin[n_p:n_p + n_b].contiguous(), cnt[2], cnt[3:]
 
 
 def _check_model(model) -> GemmModel:
@@ -559,25 +712,29 @@ def _epilogue(c: torch.Tensor, model: GemmModel, alpha) -> torch.Tensor:
     return c
 
 
-def _fixup(c, model, A: _Op, B: _Op, block, mode, BM, BN):
-    """Recompute (exactly, torch emulator) special rows/columns and FIX tiles."""
+def _fixup(c, model, A: _Op, B: _Op, block, mode, BM, BN, info=None):
+    """Recompute (exactly, torch emulator) special rows/columns and FIX tiles.  ``info``:
+    (special rows, special columns, any FIX tile) found by ``prepare`` (None: look here)."""
     from fp4ref.gemm import emulate
     raw = model.replace(lattice=None)
 
     def em(ri, ci):
-        return emulate(raw, A.vals[ri], B.vals[ci].t(), scales_a=A.scales[ri],
+        return emulate(raw, A.values(ri), B.values(ci).t(), scales_a=A.scales[ri],
                        scales_b=B.scales[ci].t(), block=block)
     M, N = c.shape
+    if info is None:
+        info = (A.bad.nonzero().squeeze(1), B.bad.nonzero().squeeze(1), bool((mode == _FIX).any()))
+    rows, cols, any_fix = info
+    if rows is None and cols is None and not any_fix:
+        return c
     allr = torch.arange(M, device=c.device)
     allc = torch.arange(N, device=c.device)
-    rows = A.bad.nonzero().squeeze(1)
-    cols = B.bad.nonzero().squeeze(1)
-    if rows.numel():
+    if rows is not None and rows.numel():
         c[rows] = em(rows, allc)
-    if cols.numel():
+    if cols is not None and cols.numel():
         c[:, cols] = em(allr, cols)
-    fix = (mode == _FIX)
-    if bool(fix.any()):
+    if any_fix:
+        fix = (mode == _FIX)
         tm = fix.any(1).nonzero().squeeze(1)
         tn = fix.any(0).nonzero().squeeze(1)
         ri = (tm[:, None] * BM + torch.arange(BM, device=c.device)).reshape(-1)
@@ -629,13 +786,13 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
         check_choice("force", force, ("pair", "block", "fix"))
     A = _prep("a", a_codes, a_scales, sfmt, block)
     B = _prep("b", b_codes, b_scales, sfmt, block)
-    M, K = A.vals.shape
-    N = B.vals.shape[0]
-    if B.vals.shape[1] != K:
-        raise ValueError(f"b_codes: K={B.vals.shape[1]} differs from a_codes' K={K}")
-    if A.vals.device != B.vals.device:
-        raise ValueError(f"b_codes: device {B.vals.device} differs from a_codes' {A.vals.device}")
-    dev = A.vals.device
+    M, K = A.R, A.K
+    N = B.R
+    if B.K != K:
+        raise ValueError(f"b_codes: K={B.K} differs from a_codes' K={K}")
+    if A.codes.device != B.codes.device:
+        raise ValueError(f"b_codes: device {B.codes.device} differs from a_codes' {A.codes.device}")
+    dev = A.codes.device
     factors = _alpha_list(alpha, M, N, dev)
     interp = _interpret()
     use_kernel = HAVE_TRITON and (dev.type == "cuda" or interp)
@@ -645,12 +802,12 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
                            "use fp4ref.gemm.emulate on the decoded operands instead")
     RZ = 1 if (rz == "twosum" or (rz == "auto" and interp)) else (2 if rz == "libdevice" else 0)
     F32 = interp
-    sa = torch.where(torch.isfinite(A.scales), A.scales, torch.zeros_like(A.scales))
-    sb = torch.where(torch.isfinite(B.scales), B.scales, torch.zeros_like(B.scales))
     nb = K // block
     NT = triton.cdiv(N, BN)
     nw = 8 if not interp else 4
     if model is PRESETS["decoded_fp32"]:
+        sa = torch.where(torch.isfinite(A.scales), A.scales, torch.zeros_like(A.scales))
+        sb = torch.where(torch.isfinite(B.scales), B.scales, torch.zeros_like(B.scales))
         ap = A.vals * sa.repeat_interleave(block, 1)
         bp = B.vals * sb.repeat_interleave(block, 1)
         # products exact FP32 values? (ue4m3 / ue5m3 always; e8m0 when exponents allow)
@@ -675,29 +832,35 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
             c = _fixup(c, model, A, B, block, mode, BM, BN)
             return _epilogue(c, model, factors)
         return launch
+    MA = QB = fa = fb = None
     if fmt == "mxfp4":
         mode = _route_mx(A, B, BM, BN)
         if force == "fix":
             mode = torch.full_like(mode, _FIX)
-        ptiles = _tile_list(mode, _PAIR)
-        btiles = ptiles[:0]
+        sa = _aux("sane", sfmt, dev)[A.scode.long()]   # finite scales, 0 elsewhere
+        sb = _aux("sane", sfmt, dev)[B.scode.long()]
         fa = torch.where(sa > 0, sa, torch.zeros_like(sa)).contiguous()
         fb = torch.where(sb > 0, sb, torch.zeros_like(sb)).contiguous()
-        ap, bp = A.vals.to(torch.bfloat16), B.vals.to(torch.bfloat16)
+        ap, _ = _decode_bf16(A, block, scale=False, want_sq=False)   # e2m1 values: exact
+        bp, _ = _decode_bf16(B, block, scale=False, want_sq=False)
     else:
-        mode, MA, QB = _route(A, B, block, BM, BN)
+        ap, sqa = _decode_bf16(A, block, scale=True, want_sq=block == 16)  # a * s_a: exact
+        bp, sqb = _decode_bf16(B, block, scale=True, want_sq=block == 16)
+        mode, MA, QB = _route(A, B, block, BM, BN, sqa, sqb)
+        del sqa, sqb
         if force == "block" and MA is not None:
             mode = torch.where(mode == _PAIR, _BLOCK, mode)
         elif force == "fix":
             mode = torch.full_like(mode, _FIX)
-        ap = (A.vals * sa.repeat_interleave(block, 1)).to(torch.bfloat16)  # exact
-        bp = (B.vals * sb.repeat_interleave(block, 1)).to(torch.bfloat16)
-        ptiles = _tile_list(mode, _PAIR)
-        btiles = _tile_list(mode, _BLOCK)
+    # one host sync: tile lists and whether any fixup is needed
+    ptiles, btiles, n_fix, (nra, nrb) = _tile_lists(mode, [A.bad.sum(), B.bad.sum()])
+    info = (A.bad.nonzero().squeeze(1) if nra else None, B.bad.nonzero().squeeze(1) if nrb else None,
+            n_fix > 0)
     n_p, n_b = ptiles.numel(), btiles.numel()
+    need_zero = bool(nra or nrb or n_fix)
 
     def launch():
-        c = torch.zeros(M, N, dtype=torch.float32, device=dev)
+        c = (torch.zeros if need_zero else torch.empty)(M, N, dtype=torch.float32, device=dev)
         if fmt == "mxfp4":
             if n_p:
                 _k("mx")[(n_p,)](ap, bp, c, fa, fb, ptiles, M, N, K, NT, nb, BM=BM, BN=BN, RZ=RZ,
@@ -709,7 +872,7 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
             if n_b:
                 _k("block")[(n_b,)](ap, bp, c, MA, QB, btiles, M, N, K, NT, MA.shape[1], BM=BM,
                                     BN=BN, RZ=RZ, F32=F32, num_warps=nw)
-        c = _fixup(c, model, A, B, block, mode, BM, BN)
+        c = _fixup(c, model, A, B, block, mode, BM, BN, info)
         return _epilogue(c, model, factors)
     return launch
 
@@ -723,7 +886,7 @@ def route_stats(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", scale_fmt=
     if fmt == "mxfp4":
         mode = _route_mx(A, B, *tile)
     else:
-        mode = _route(A, B, block, *tile)[0]
+        mode = _route(A, B, block, *tile)[0]  # sums of squares by table look-up (no kernel)
     n = mode.numel()
     return {"pair": int((mode == _PAIR).sum()) / n, "block": int((mode == _BLOCK).sum()) / n,
             "fix": int((mode == _FIX).sum()) / n,

@@ -190,6 +190,91 @@ if HAVE_TRITON:
                  mask=(rows[:, None] < M) & (sci[None, :] < K // 32))
 
 
+    # ---- flat-block kernels (bf16, contiguous): the tensor is a run of blocks of B
+    # elements; a program takes NBLK consecutive blocks as a [NBLK, B/2] tile of 32-bit words,
+    # each word two bf16 inputs (low half = even element) and one output byte (low nibble =
+    # even element), so loads are 16-byte vectors, codes pack in registers (no reshape /
+    # split / layout conversion) and codes and scales are written as contiguous runs.
+    @triton.jit
+    def _words_f32(w):
+        """Exact float32 of a word's two bf16 values (by their bits)."""
+        lo = (w << 16).to(tl.float32, bitcast=True)
+        hi = (w & -65536).to(tl.float32, bitcast=True)
+        return lo, hi
+
+    @triton.jit
+    def _flat_offsets(NB, NBLK: tl.constexpr, HW: tl.constexpr, I64: tl.constexpr):
+        pid = tl.program_id(0)
+        if I64:
+            bi = pid.to(tl.int64) * NBLK + tl.arange(0, NBLK)
+        else:
+            bi = pid * NBLK + tl.arange(0, NBLK)
+        bm = bi < NB
+        off = bi[:, None] * HW + tl.arange(0, HW)[None, :]
+        return bi, bm, off
+
+    @triton.jit
+    def _two_level_flat_kernel(x_ptr, q_ptr, s_ptr, par_ptr, NB, NBLK: tl.constexpr,
+                               SMBITS: tl.constexpr, SBIAS: tl.constexpr,
+                               SMAXCODE: tl.constexpr, SNAN: tl.constexpr,
+                               SIEEE: tl.constexpr, SMAX: tl.constexpr,
+                               ZERO_TO_ONE: tl.constexpr, ONE_CODE: tl.constexpr,
+                               I64: tl.constexpr):
+        bi, bm, off = _flat_offsets(NB, NBLK, 8, I64)
+        w = tl.load(x_ptr + off, mask=bm[:, None], other=0)
+        xl, xh = _words_f32(w)
+        mult = tl.load(par_ptr)      # fl(S_enc * fl(1/6))
+        dec = tl.load(par_ptr + 1)   # fl(1 / S_enc)
+        al = tl.abs(xl)
+        ah = tl.abs(xh)
+        nan2 = (al != al) | (ah != ah)
+        hasnan = tl.max(nan2.to(tl.int32), axis=1)
+        vmax = tl.max(tl.maximum(tl.where(al != al, 0.0, al), tl.where(ah != ah, 0.0, ah)),
+                      axis=1)
+        vmax = tl.where(hasnan > 0, float("nan"), vmax)
+        s = vmax * mult
+        s = tl.where(s > 3.4028234663852886e38, 3.4028234663852886e38, s)
+        s = tl.where(s > SMAX, SMAX, s)
+        sc = _round_code(s, SMBITS, SBIAS, SMAXCODE, False, 8)
+        sc = tl.where(s != s, SNAN, sc)
+        sf = _decode_scale(sc, SMBITS, SBIAS, SNAN, SIEEE)
+        if ZERO_TO_ONE:
+            z = sf == 0.0
+            sc = tl.where(z, ONE_CODE, sc)
+            sf = tl.where(z, 1.0, sf)
+        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
+        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        ql = xl * enc[:, None]
+        qh = xh * enc[:, None]
+        cl = tl.where(ql != ql, 7, _e2m1_code(ql))   # NaN -> +6 (te_nvfp4 elem_nan "max")
+        ch = tl.where(qh != qh, 7, _e2m1_code(qh))
+        tl.store(q_ptr + off, (cl | (ch << 4)).to(tl.uint8), mask=bm[:, None])
+        tl.store(s_ptr + bi, sc.to(tl.uint8), mask=bm)
+
+    @triton.jit
+    def _mx_flat_kernel(x_ptr, q_ptr, s_ptr, NB, NBLK: tl.constexpr, I64: tl.constexpr):
+        bi, bm, off = _flat_offsets(NB, NBLK, 16, I64)
+        w = tl.load(x_ptr + off, mask=bm[:, None], other=0)
+        xl, xh = _words_f32(w)
+        al = tl.abs(xl)
+        ah = tl.abs(xh)
+        spl = (al != al) | (al == float("inf"))
+        sph = (ah != ah) | (ah == float("inf"))
+        special = tl.max((spl | sph).to(tl.int32), axis=1) > 0
+        amax = tl.max(tl.maximum(al, ah), axis=1)     # only used where no NaN / inf
+        amax = tl.where(special, 0.0, amax)
+        ef = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        e = tl.where(ef == 0, -127, ef - 127 - 2)     # e2m1 emax = 2
+        e = tl.minimum(tl.maximum(e, -127), 127)
+        sc = tl.where(special, 255, e + 127)
+        p = ((127 - e) << 23).to(tl.float32, bitcast=True)
+        cl = _e2m1_code(xl * p[:, None])
+        ch = _e2m1_code(xh * p[:, None])
+        byte = tl.where(special[:, None], 0, cl | (ch << 4))
+        tl.store(q_ptr + off, byte.to(tl.uint8), mask=bm[:, None])
+        tl.store(s_ptr + bi, sc.to(tl.uint8), mask=bm)
+
+
 def amax(x: torch.Tensor) -> torch.Tensor:
     """max|x| as a float32 0-dim tensor; any NaN gives +canonical NaN."""
     xf = x.reshape(-1)
@@ -235,6 +320,46 @@ def _launch(kernel, key, grid_of, args, kw, K, min_bk):
     kernel[grid_of(bm, bk)](*args, BM=bm, BK=bk, num_warps=nw, **kw)
 
 
+# flat-block kernels: (blocks per program, num_warps) candidates, timed once per shape
+_FLAT_CONFIGS = {16: ((256, 4), (512, 4), (512, 8), (1024, 8), (128, 4)),
+                 32: ((128, 4), (256, 4), (256, 8), (512, 8), (64, 4))}
+
+
+def _flat_ok(x: torch.Tensor) -> bool:
+    """bf16, contiguous, 16-byte aligned: the flat-block kernels apply (FP4REF_QUANT_LEGACY=1
+    selects the older 2-D tile kernels everywhere)."""
+    import os
+    return (x.dtype == torch.bfloat16 and x.is_contiguous() and x.data_ptr() % 16 == 0
+            and os.environ.get("FP4REF_QUANT_LEGACY", "0") != "1")
+
+
+def _launch_flat(kernel, key, B, nb, args, kw):
+    import os
+    I64 = nb * (B // 2) >= 2 ** 31 - 2 ** 20
+    cands = _FLAT_CONFIGS[B]
+    grid = lambda n: (triton.cdiv(nb, n),)  # noqa: E731
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        n, nw = cands[0]
+        kernel[grid(n)](*args, NBLK=n, I64=I64, **kw)
+        return
+    best = _BEST.get(key)
+    if best is None:
+        times = []
+        for n, nw in cands:
+            kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)  # compile
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(5):
+                kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)
+            b.record()
+            torch.cuda.synchronize()
+            times.append((a.elapsed_time(b), (n, nw)))
+        best = _BEST[key] = min(times)[1]
+    n, nw = best
+    kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)
+
+
 _SCALE = {  # mbits, bias, max code, NaN code, IEEE specials, max value, code of 1.0
     "ue4m3": (3, 7, 0x7E, 0x7F, False, 448.0, 0x38),
     "ue5m3": (3, 15, 0xF7, 0xFC, True, 61440.0, 0x78),
@@ -252,6 +377,12 @@ def two_level_1x16(x: torch.Tensor, params: torch.Tensor, scale_fmt: str = "ue4m
     q = torch.empty((M, K // 2), dtype=torch.uint8, device=x.device)
     s = torch.empty((M, K // 16), dtype=torch.uint8, device=x.device)
     mb, bias, mc, nanc, ieee, smax, one = _SCALE[scale_fmt]
+    if M * K and _flat_ok(x):
+        _launch_flat(_two_level_flat_kernel, ("two_level_flat", M * K, str(x.device)), 16,
+                     M * K // 16, (x.view(-1).view(torch.int32), q, s, params, M * K // 16),
+                     dict(SMBITS=mb, SBIAS=bias, SMAXCODE=mc, SNAN=nanc, SIEEE=ieee, SMAX=smax,
+                          ZERO_TO_ONE=zero_scale_to_one, ONE_CODE=one))
+        return q, s
     _launch(_two_level_kernel, ("two_level", M, K, x.dtype, str(x.device)),
             lambda bm, bk: (triton.cdiv(M, bm), triton.cdiv(K, bk)),
             (x, q, s, params, M, K, x.stride(0)),
@@ -269,6 +400,10 @@ def mx_floor_e2m1(x: torch.Tensor):
     x = x.contiguous()
     q = torch.empty((M, K // 2), dtype=torch.uint8, device=x.device)
     s = torch.empty((M, K // 32), dtype=torch.uint8, device=x.device)
+    if M * K and _flat_ok(x):
+        _launch_flat(_mx_flat_kernel, ("mx_flat", M * K, str(x.device)), 32, M * K // 32,
+                     (x.view(-1).view(torch.int32), q, s, M * K // 32), {})
+        return q, s
     _launch(_mx_floor_e2m1_kernel, ("mx", M, K, x.dtype, str(x.device)),
             lambda bm, bk: (triton.cdiv(M, bm), triton.cdiv(K, bk)),
             (x, q, s, M, K, x.stride(0)), dict(IS_BF16=x.dtype == torch.bfloat16), K, 32)

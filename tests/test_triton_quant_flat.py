@@ -1,0 +1,53 @@
+"""Flat-block fused quantizers (bf16) == the 2-D tile kernels (FP4REF_QUANT_LEGACY=1), bit for
+bit.  Without CUDA both run in the Triton interpreter (logic only); the GPU equality with the
+torch paths is tests/test_recipes_triton.py."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+
+from fp4ref.quant import triton_quant as TQ  # noqa: E402
+
+
+def _inputs(M, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = (torch.randn(M, K, generator=g) * torch.exp(8 * torch.randn(M, K, generator=g)))
+    x = x.to(torch.bfloat16)
+    raw = torch.randint(-32768, 32767, (M, K), generator=g, dtype=torch.int32).to(torch.int16)
+    y = raw.view(torch.bfloat16)          # every bit pattern: NaN, inf, subnormals, -0
+    x.view(-1)[::29] = 0.0
+    x.view(-1)[3::31] = -0.0
+    return [x.to(dev), y.to(dev)]
+
+
+def _both(fn, x, monkeypatch):
+    monkeypatch.delenv("FP4REF_QUANT_LEGACY", raising=False)
+    a = fn(x)
+    monkeypatch.setenv("FP4REF_QUANT_LEGACY", "1")
+    b = fn(x)
+    monkeypatch.delenv("FP4REF_QUANT_LEGACY")
+    return a, b
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (5, 96), (33, 160)])
+def test_flat_equals_tiles(shape, monkeypatch):
+    for x in _inputs(*shape, seed=shape[0] * 1000 + shape[1]):
+        if not TQ.available(x):
+            pytest.skip("needs triton and CUDA or TRITON_INTERPRET=1")
+        dev = x.device
+        for sf, z in (("ue4m3", False), ("ue5m3", True)):
+            for p in ([1 / 6, 1.0], [448 / 6 / 3.0, 3.0 / 448], [1e30, 1e-30]):
+                par = torch.tensor(p, dtype=torch.float32, device=dev)
+                (q1, s1), (q2, s2) = _both(lambda t: TQ.two_level_1x16(t, par, sf, z), x,
+                                           monkeypatch)
+                assert torch.equal(q1, q2) and torch.equal(s1, s2), (sf, z, p)
+        (q1, s1), (q2, s2) = _both(TQ.mx_floor_e2m1, x, monkeypatch)
+        assert torch.equal(q1, q2) and torch.equal(s1, s2)
