@@ -49,20 +49,28 @@ class NanPolicy(enum.Enum):
     CANONICAL = "canonical"          # the format's positive canonical NaN code
     PRESERVE_SIGN = "preserve_sign"  # canonical payload, input's sign
     TO_ZERO = "to_zero"              # +0 (formats without NaN)
-    TO_NEG_ZERO = "to_neg_zero"      # -0 (ml_dtypes' float4/float6 casts)
+    TO_NEG_ZERO = "to_neg_zero"      # -0 whatever the NaN's sign
     TO_MAX = "to_max"                # +max finite
     RAISE = "raise"                  # ValueError
+    TO_ZERO_FLIP_SIGN = "to_zero_flip_sign"  # zero with the NaN's sign inverted (ml_dtypes 0.6 float4/float6)
+    SIGNED_ALL_ONES = "signed_all_ones"      # all-ones magnitude, input's sign (torch float8_e5m2: 0x7F/0xFF)
 
 
 class Subnormal(enum.Enum):
     KEEP = "keep"
     FLUSH = "flush"   # results below min normal become signed zero (FTZ)
+    # Formats without zero (e8m0): the smallest code stands in for 0 when
+    # rounding, as in casts that treat exponent field 0 as a subnormal binade
+    # (torch, ml_dtypes): below 2*min_normal the grid is {0, 2*min_normal},
+    # min_normal itself stays exact, and a 0 result follows the no_zero policy.
+    MIN_AS_ZERO = "min_as_zero"
 
 
 class NoZero(enum.Enum):
     """Zero or a result below min normal in a format without zero (e8m0fnu)."""
-    NAN = "nan"        # ml_dtypes: 0 -> NaN
-    TO_MIN = "to_min"  # clamp to the smallest code
+    NAN = "nan"        # zero and results below min normal -> NaN
+    TO_MIN = "to_min"  # both -> the smallest code (torch float8_e8m0fnu)
+    NAN_IF_ZERO = "nan_if_zero"  # exact zero -> NaN, non-zero results below min -> smallest code (ml_dtypes)
 
 
 class Negative(enum.Enum):
@@ -70,6 +78,11 @@ class Negative(enum.Enum):
     NAN = "nan"
     RAISE = "raise"
     TO_ZERO = "to_zero"
+    ABS = "abs"        # drop the sign, encode |x| (torch float8_e8m0fnu)
+
+
+_NAN_CODE_POLICIES = (NanPolicy.CANONICAL, NanPolicy.PRESERVE_SIGN, NanPolicy.SIGNED_ALL_ONES)
+_NAN_ZERO_POLICIES = (NanPolicy.TO_ZERO, NanPolicy.TO_NEG_ZERO, NanPolicy.TO_ZERO_FLIP_SIGN)
 
 
 @dataclass(frozen=True)
@@ -101,12 +114,17 @@ class Policy:
                 bad("overflow", self.overflow, "SATFINITE")
             if self.inf is InfPolicy.PROPAGATE:
                 bad("inf", self.inf, "SATURATE")
-            if self.nan in (NanPolicy.CANONICAL, NanPolicy.PRESERVE_SIGN):
-                bad("nan", self.nan, "TO_ZERO, TO_NEG_ZERO, TO_MAX, RAISE")
+            if self.nan in _NAN_CODE_POLICIES:
+                bad("nan", self.nan, "TO_ZERO, TO_NEG_ZERO, TO_ZERO_FLIP_SIGN, TO_MAX, RAISE")
             if self.negative is Negative.NAN and not fmt.signed:
-                bad("negative", self.negative, "RAISE, TO_ZERO")
-        if not fmt.has_zero and self.subnormal is Subnormal.FLUSH:
-            bad("subnormal", self.subnormal, "KEEP")
+                bad("negative", self.negative, "RAISE, TO_ZERO, ABS")
+        if not fmt.has_zero:
+            if self.subnormal is Subnormal.FLUSH:
+                bad("subnormal", self.subnormal, "KEEP, MIN_AS_ZERO")
+            if self.nan in _NAN_ZERO_POLICIES:  # code 0 is not zero there
+                bad("nan", self.nan, "CANONICAL, PRESERVE_SIGN, SIGNED_ALL_ONES, TO_MAX, RAISE")
+        elif self.subnormal is Subnormal.MIN_AS_ZERO:
+            bad("subnormal", self.subnormal, "KEEP, FLUSH")
 
 
 def default_policy(fmt: "str | FormatSpec") -> Policy:
@@ -156,8 +174,9 @@ def _code_parity(fmt: FormatSpec, n: int, e: int) -> int:
     """Parity of the (possibly hypothetical) code of n * quantum(e).
 
     With mantissa bits, the code's last bit is n's last bit (normal and
-    subnormal alike).  With none (e8m0), it is the biased exponent's."""
-    if fmt.man_bits > 0:
+    subnormal alike).  With none (e8m0), it is the biased exponent's; n == 0
+    (the zero below MIN_AS_ZERO's step) counts as even."""
+    if fmt.man_bits > 0 or n == 0:
         return n & 1
     return (e + fmt.bias) & 1
 
@@ -175,10 +194,13 @@ def round_exact(x, fmt: "str | FormatSpec", mode, *, rbits=None, nbits=None) -> 
     return _round_mag(fmt, mode, v.negative, v.mag, rbits, nbits)
 
 
-def _round_mag(fmt, mode, neg, a, rbits, nbits):
+def _round_mag(fmt, mode, neg, a, rbits, nbits, min_as_zero=False):
     e = floor_log2(a)
     if fmt.subnormals:
         e = max(e, fmt.emin)
+    elif min_as_zero and e < fmt.emin + 1 and a != fmt.min_normal:
+        # Subnormal.MIN_AS_ZERO: one step {0, 2*min_normal}; 0 is an even code.
+        e = fmt.emin + 1
     q = pow2(e - fmt.man_bits)
     n, r = divmod(a, q)        # n = floor(a / q) exactly; r = a - n*q
     n = int(n)
@@ -186,6 +208,8 @@ def _round_mag(fmt, mode, neg, a, rbits, nbits):
         return n * q, False
     if mode is Mode.SR:
         t = a + Fraction(rbits, 1 << nbits) * q
+        if t < q:              # only below the first step (MIN_AS_ZERO): truncates to 0
+            return Fraction(0), True
         et = floor_log2(t)
         qt = fmt.quantum(et)
         return (t // qt) * qt, True
@@ -226,20 +250,29 @@ def encode(x, fmt: "str | FormatSpec", mode=Mode.RNE, policy: Policy | None = No
 
     max_code = fmt.max_code_magnitude
 
+    def nan_code(neg: bool) -> int:
+        # Any NaN result (NaN input, overflow or inf to NaN): its sign and
+        # payload follow the nan policy; other nan policies give the canonical code.
+        if policy.nan is NanPolicy.PRESERVE_SIGN:
+            return signed(neg, fmt.nan_code)
+        if policy.nan is NanPolicy.SIGNED_ALL_ONES:
+            return signed(neg, (1 << (fmt.nbits - fmt.sign_bits)) - 1)
+        return fmt.nan_code
+
     # --- NaN ---------------------------------------------------------------
     if v.is_nan:
         p = policy.nan
         if p is NanPolicy.RAISE:
             raise ValueError(f"x: NaN cannot be encoded in {fmt.name} under nan policy RAISE; "
-                             "valid choices: TO_ZERO, TO_NEG_ZERO, TO_MAX, RAISE")
-        if p is NanPolicy.CANONICAL:
-            return Encoded(fmt.nan_code)
-        if p is NanPolicy.PRESERVE_SIGN:
-            return Encoded(signed(v.negative, fmt.nan_code))
+                             "valid choices: " + ", ".join(m.name for m in NanPolicy))
+        if p in _NAN_CODE_POLICIES:
+            return Encoded(nan_code(v.negative))
         if p is NanPolicy.TO_ZERO:
             return Encoded(0, Flags(invalid=True))
         if p is NanPolicy.TO_NEG_ZERO:
             return Encoded(signed(True, 0), Flags(invalid=True))
+        if p is NanPolicy.TO_ZERO_FLIP_SIGN:
+            return Encoded(signed(not v.negative, 0), Flags(invalid=True))
         return Encoded(max_code, Flags(invalid=True))
 
     # --- negative input to an unsigned format --------------------------------
@@ -247,12 +280,14 @@ def encode(x, fmt: "str | FormatSpec", mode=Mode.RNE, policy: Policy | None = No
         p = policy.negative
         if p is Negative.RAISE:
             raise ValueError(f"x: negative value {v} cannot be encoded in unsigned {fmt.name} "
-                             "under negative policy RAISE; valid choices: NAN, RAISE, TO_ZERO")
+                             "under negative policy RAISE; valid choices: "
+                             + ", ".join(m.name for m in Negative))
         if p is Negative.NAN:
             return Encoded(fmt.nan_code, Flags(invalid=True))
-        if fmt.has_zero:
+        if p is Negative.ABS:
+            v = Exact(v.kind, False, v.mag)
+        else:  # TO_ZERO: zero, or e8m0's smallest code
             return Encoded(0, Flags(inexact=True, invalid=True))
-        return Encoded(0, Flags(inexact=True, invalid=True))  # e8m0: smallest code
 
     def overflow_code(neg: bool, flags: Flags) -> Encoded:
         o = policy.overflow
@@ -260,7 +295,7 @@ def encode(x, fmt: "str | FormatSpec", mode=Mode.RNE, policy: Policy | None = No
         if o is Overflow.SATFINITE:
             to_inf = False
         elif o is Overflow.NAN:
-            return Encoded(signed(neg, fmt.nan_code) if fmt.has_inf else fmt.nan_code, flags)
+            return Encoded(nan_code(neg), flags)
         else:  # IEEE
             if mode in (Mode.RNE, Mode.RNA, Mode.SR):
                 to_inf = True
@@ -274,7 +309,7 @@ def encode(x, fmt: "str | FormatSpec", mode=Mode.RNE, policy: Policy | None = No
             return Encoded(signed(neg, max_code), flags)
         if fmt.has_inf:
             return Encoded(signed(neg, fmt.inf_code), flags)
-        return Encoded(fmt.nan_code, flags)
+        return Encoded(nan_code(neg), flags)
 
     # --- infinities ------------------------------------------------------------
     if v.is_inf:
@@ -282,18 +317,19 @@ def encode(x, fmt: "str | FormatSpec", mode=Mode.RNE, policy: Policy | None = No
             return Encoded(signed(v.negative, max_code), Flags(inexact=True, overflow=True))
         if fmt.has_inf:
             return Encoded(signed(v.negative, fmt.inf_code))
-        return Encoded(fmt.nan_code, Flags(invalid=True))
+        return Encoded(nan_code(v.negative), Flags(invalid=True))
 
     # --- zero ------------------------------------------------------------------
     if v.mag == 0:
         if fmt.has_zero:
             return Encoded(signed(v.negative, 0))
-        if policy.no_zero is NoZero.NAN:
+        if policy.no_zero in (NoZero.NAN, NoZero.NAN_IF_ZERO):
             return Encoded(fmt.nan_code, Flags(invalid=True))
         return Encoded(0, Flags(inexact=True, underflow=True))
 
     # --- finite non-zero ---------------------------------------------------------
-    rounded, inexact = _round_mag(fmt, mode, v.negative, v.mag, rbits, nbits)
+    rounded, inexact = _round_mag(fmt, mode, v.negative, v.mag, rbits, nbits,
+                                  policy.subnormal is Subnormal.MIN_AS_ZERO)
     tiny = v.mag < fmt.min_normal
     flags = Flags(inexact=inexact, underflow=tiny and inexact)
     if rounded > fmt.max_finite:
