@@ -29,3 +29,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread_per_xdist_worker():
+    # Two xdist workers on two cores: torch's intra-op threads would oversubscribe them.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+        torch.set_num_threads(1)
+    yield
