@@ -229,15 +229,16 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     results = {}
     t0 = time.time()
-    for r in runs:
-        results[r] = train(r, cfg, data, device, log_every=25 if not args.tiny else 1)
-    meta = {"config": cfg, "device": str(device), "total_seconds": time.time() - t0,
-            "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
     path = os.path.join(args.out, "losses.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump({"meta": meta, "runs": results}, f)
-    os.replace(path + ".tmp", path)
-    plot = write_plot(results, args.out)
+    for r in runs:
+        results[r] = train(r, cfg, data, device, log_every=max(1, cfg["steps"] // 20))
+        # written after every run, so a time-boxed session keeps the finished curves
+        meta = {"config": cfg, "device": str(device), "total_seconds": time.time() - t0,
+                "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
+        with open(path + ".tmp", "w") as f:
+            json.dump({"meta": meta, "runs": results}, f)
+        os.replace(path + ".tmp", path)
+        plot = write_plot(results, args.out)
     print(f"wrote {path} and {plot}; total {meta['total_seconds']:.1f}s")
     for r, v in results.items():
         tail = v["loss"][-10:]
