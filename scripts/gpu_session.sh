@@ -17,9 +17,9 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) $(da
 for s in $STEPS; do case $s in
   env) step env 60 bash -c 'nvidia-smi --query-gpu=name,driver_version --format=csv; python3 -c "import torch,triton;print(torch.__version__,torch.version.cuda,triton.__version__)"' ;;
   testgpu) step testgpu ${T_TESTGPU:-240} python3 -m pytest -q -m gpu -x -p no:cacheprovider tests ;;
-  probe) step probe ${T_PROBE:-300} python3 -m fp4ref probe --out "$OUT/probe" ;;
+  probe) step probe ${T_PROBE:-300} python3 -m fp4ref probe --out "$OUT/probe" ${PROBE_ARGS:-} ;;
   bench) step bench ${T_BENCH:-200} python3 -m fp4ref bench --out "$OUT/bench.json" ;;
   verify) step verify ${T_VERIFY:-240} python3 -m fp4ref verify-exhaustive --out "$OUT/verify.json" ;;
-  train) step train ${T_TRAIN:-240} python3 scripts/train_lm.py --out "$OUT/train" ;;
+  train) step train ${T_TRAIN:-240} python3 scripts/train_lm.py --out "$OUT/train" ${TRAIN_ARGS:-} ;;
   *) echo "unknown step $s" ;;
 esac; done

@@ -1,0 +1,87 @@
+"""Triton ``tl.dot`` on FP8 e4m3 with max_num_imprecise_acc unset, 32, 64 and 128.
+
+A small tiled matmul: 64 x 64 output tiles, BK = 128 along K, FP32 accumulator carried
+through the K loop as ``tl.dot(a, b, acc)``.  B is stored K-contiguous ([N, K]).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..device import Capabilities, Device
+from . import NotAvailable, Spec
+
+__all__ = ["candidates", "IMPRECISE"]
+
+IMPRECISE = (None, 32, 64, 128)
+BM = BN = 64
+BK = 128
+_KERNEL = None
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def mm_fp8(a_ptr, b_ptr, c_ptr, K, sam, sbn, scm,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IMPRECISE: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            a = tl.load(a_ptr + rm[:, None] * sam + (k0 + rk)[None, :])
+            b = tl.load(b_ptr + (k0 + rk)[:, None] + rn[None, :] * sbn)
+            if IMPRECISE < 0:
+                acc = tl.dot(a, b, acc)
+            else:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE)
+        tl.store(c_ptr + rm[:, None] * scm + rn[None, :], acc)
+
+    _KERNEL = mm_fp8
+    return _KERNEL
+
+
+def _build(imprecise):
+    def build():
+        try:
+            import torch
+            import triton  # noqa: F401
+        except Exception as e:
+            raise NotAvailable(f"triton unavailable: {e}")
+        if not torch.cuda.is_available():
+            raise NotAvailable("no CUDA device")
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (8, 9):
+            raise NotAvailable(f"FP8 tl.dot needs sm_89+ (this GPU is sm_{major}{minor})")
+        kern = _kernel()
+        imp = -1 if imprecise is None else int(imprecise)
+
+        def fn(x, y, **_):
+            M, K = x.shape
+            N = y.shape[1]
+            A = torch.from_numpy(np.ascontiguousarray(x)).float().cuda().to(torch.float8_e4m3fn)
+            Bn = torch.from_numpy(np.ascontiguousarray(y.T)).float().cuda().to(torch.float8_e4m3fn)
+            C = torch.empty(M, N, dtype=torch.float32, device="cuda")
+            kern[(M // BM, N // BN)](A, Bn, C, K, A.stride(0), Bn.stride(0), C.stride(0),
+                                     BM=BM, BN=BN, BK=BK, IMPRECISE=imp)
+            torch.cuda.synchronize()
+            return C.cpu().numpy().astype(np.float64)
+        caps = Capabilities("float8_e4m3fn", "float8_e4m3fn", "float32", k_multiple=BK, mn_multiple=BM,
+                            probe_mn=64, max_batch=64, max_k=16384)
+        tag = "unset" if imprecise is None else str(imprecise)
+        d = Device(f"triton-dot-e4m3-imprecise-{tag}", f"triton {triton.__version__} tl.dot e4m3, "
+                   f"max_num_imprecise_acc={tag}, BK={BK}", "cuda", caps, fn)
+        fn(np.ones((BM, BK)), np.ones((BK, BN)))  # compile now; failures show at detection
+        return d
+    return build
+
+
+def candidates() -> list:
+    return [Spec(f"triton-dot-e4m3-imprecise-{'unset' if i is None else i}", "triton tl.dot e4m3", "cuda",
+                 _build(i)) for i in IMPRECISE]

@@ -1,0 +1,121 @@
+"""Virtual devices: a hidden GemmModel behind the device protocol.
+
+The inference only calls the device; the model is never read.  Options for tests:
+``nondeterministic`` (a random split of K on each call), ``noise`` (probability that an
+output's last bit flips, drawn per call) and out-of-family ``variant``s: "pairwise"
+(FP32 pairwise-tree summation of FP32-rounded products) and "daz" (subnormal inputs read
+as zero, then the model).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from reference.gemm import GemmModel, get_preset
+from reference.rounding import Mode
+
+from ..device import Capabilities, Device
+from ..sim import bits_to_float, output_bits, simulate_gemm
+from . import Spec
+
+__all__ = ["virtual_device", "candidates", "VARIANTS", "nvfp4_caps", "mxfp4_caps"]
+
+VARIANTS = (None, "pairwise", "daz")
+
+
+def nvfp4_caps(**kw) -> Capabilities:
+    return Capabilities("float4_e2m1fn", "float4_e2m1fn", kw.pop("output", "float32"), block=16,
+                        scale_format="ue4m3", **kw)
+
+
+def mxfp4_caps(**kw) -> Capabilities:
+    return Capabilities("float4_e2m1fn", "float4_e2m1fn", kw.pop("output", "float32"), block=32,
+                        scale_format="float8_e8m0fnu", **kw)
+
+
+def virtual_device(model: GemmModel, caps: Capabilities, name: str | None = None, *,
+                   nondeterministic: bool = False, noise: float = 0.0, variant: str | None = None,
+                   seed: int = 0, diag_only: bool = False) -> Device:
+    """``diag_only`` (test speed): square calls compute only C[i, i]; the rest is NaN.
+    The prober's Runner reads only the diagonal of its probe calls."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant: unknown value {variant!r}; valid choices: {VARIANTS}")
+    if model.output != caps.output:
+        model = model.replace(output=caps.output)
+    rng = np.random.default_rng(seed)
+
+    def fn(a, b, scales_a=None, scales_b=None, alpha=None):
+        m = model
+        if variant == "daz":
+            a = _daz(a, caps.a_format)
+            b = _daz(b, caps.b_format)
+        if variant == "pairwise":
+            return _pairwise(m, a, b, scales_a, scales_b, caps.block, alpha)
+        if nondeterministic:
+            K = a.shape[1]
+            choices = [s for s in (1, 2, 4) if K % s == 0]
+            m = m.replace(split_k=int(rng.choice(choices)))
+        if diag_only and a.shape[0] == b.shape[1]:
+            return _diag(m, a, b, scales_a, scales_b, caps, alpha)
+        keys = simulate_gemm(m, a, b, scales_a=scales_a, scales_b=scales_b, block=caps.block, alpha=alpha)
+        if noise:
+            flip = rng.random(keys.shape) < noise
+            keys = np.where(flip & (keys >= 0), keys ^ 1, keys)
+        return bits_to_float(keys, caps.output)
+
+    dev = Device(name or f"virtual-{model.name}", "virtual (hidden GemmModel)", "virtual", caps, fn)
+    dev.notes.append("virtual device: outputs come from a hidden reference.gemm model")
+    return dev
+
+
+def _diag(m, a, b, sa, sb, caps, alpha):
+    from ..sim import Operands, simulate
+    n = a.shape[0]
+    ops = []
+    for i in range(n):
+        al = None
+        if alpha is not None:
+            al = tuple(float(x) if np.ndim(x) == 0 else float(np.asarray(x)[i]) for x in alpha)
+        ops.append(Operands(a[i], b[:, i], None if sa is None else sa[i], None if sb is None else sb[:, i],
+                            caps.block, al))
+    keys = simulate([m] * n, ops)
+    out = np.full((n, n), np.nan)
+    out[np.arange(n), np.arange(n)] = bits_to_float(keys, caps.output)
+    return out
+
+
+def _daz(x, fmt):
+    from reference.formats import get_format
+    tiny = float(get_format(fmt).min_normal)
+    return np.where(np.abs(x) < tiny, 0.0 * np.sign(x), x)
+
+
+def _pairwise(model, a, b, sa, sb, block, alpha):
+    P = a[:, None, :] * b.T[None, :, :]  # [M, N, K], exact products
+    if sa is not None:
+        s = sa[:, None, :] * sb.T[None, :, :]
+        P = P * np.repeat(s, block, axis=2)
+    x = P.astype(np.float32)
+    while x.shape[2] > 1:
+        if x.shape[2] % 2:
+            x = np.concatenate([x, np.zeros(x.shape[:2] + (1,), np.float32)], axis=2)
+        x = x[:, :, 0::2] + x[:, :, 1::2]
+    c = x[:, :, 0].astype(np.float64)
+    if alpha is not None:
+        c = (c * np.float64(np.float32(np.asarray(alpha[0], np.float64) if np.ndim(alpha[0]) == 0 else
+                                        np.asarray(alpha[0])[:, None]) *
+             np.float32(np.asarray(alpha[1], np.float64) if np.ndim(alpha[1]) == 0
+                        else np.asarray(alpha[1])[None, :]))).astype(np.float32).astype(np.float64)
+    return bits_to_float(output_bits(_round_out(c, model.output), model.output), model.output)
+
+
+def _round_out(c, fmt):
+    from ..sim import round_float64
+    return round_float64(c, fmt, 0)
+
+
+def candidates() -> list:
+    """The default virtual device: the SPEC's probe_matched model on NVFP4 operands."""
+    def build():
+        m = get_preset("probe_matched").replace(output="float32", output_mode=Mode.RNE)
+        return virtual_device(m, nvfp4_caps(max_batch=16), "virtual-nvfp4-probe_matched")
+    return [Spec("virtual-nvfp4-probe_matched", "virtual (hidden GemmModel)", "virtual", build)]

@@ -1,0 +1,228 @@
+"""`fp4ref probe` (make probe): detect GEMM devices, infer each one's accumulation model,
+validate it bit for bit, and write reports/<machine>/<UTC stamp>/report.json (+ HTML).
+
+Devices run in parallel worker processes (``--jobs``); each worker rebuilds its device by
+name, so one crashing backend never takes the others down.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import os
+import sys
+import time
+import traceback
+
+__all__ = ["main", "probe_device"]
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="fp4ref probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", default=None,
+                   help="comma-separated names or globs (e.g. 'cpu-*,cuda-cublas-*'); default: every "
+                        "available device")
+    p.add_argument("--quick", action="store_true", help="smaller probe pools and K, fewer validation outputs")
+    p.add_argument("--out", default="reports", help="report root (default: reports)")
+    p.add_argument("--validate-outputs", type=int, default=None,
+                   help="random outputs compared per device (default 100000, quick 20000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=None, help="devices probed in parallel (default: CPU count, <= 8)")
+    p.add_argument("--extra", action="append", default=[],
+                   help="module:attr of a user Device (or a callable returning one) to probe too")
+    p.add_argument("--list", action="store_true", help="list detected devices and exit")
+    p.add_argument("--no-html", action="store_true")
+    return p
+
+
+def _select(names, pattern):
+    if not pattern:
+        return names
+    pats = [x.strip() for x in pattern.split(",") if x.strip()]
+    return [n for n in names if any(fnmatch.fnmatch(n, q) or q == n for q in pats)]
+
+
+def _load_extra(spec: str):
+    mod, _, attr = spec.partition(":")
+    obj = getattr(importlib.import_module(mod), attr or "device")
+    return obj() if callable(obj) and not hasattr(obj, "caps") else obj
+
+
+def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None) -> dict:
+    """Infer + validate one device; returns its report record (reports.schema device)."""
+    from reports.schema import new_device
+    from .infer import Inference, grid_summary, short
+    from .validate import validate
+    t0 = time.perf_counter()
+    rec = new_device(dev.name, dev.backend, dev.kind, hardware_run=dev.hardware_run,
+                     capabilities=dev.caps.to_dict())
+    rec["notes"] = list(dev.notes)
+    extra = {"candidate_grid": grid_summary()}
+    try:
+        res = Inference(dev, quick=quick, seed=seed, progress=progress).run()
+    except Exception as e:  # the prober itself failed on this device
+        rec["status"] = "error"
+        rec["error"] = f"{type(e).__name__}: {e}"
+        rec["notes"].append(traceback.format_exc(limit=4))
+        rec["wall_s"] = time.perf_counter() - t0
+        return rec
+    rec["status"] = res.status
+    rec["error"] = res.error
+    rec["probes"] = res.probes
+    rec["scans"] = res.scans
+    rec["notes"] += res.notes
+    extra.update(device_calls=res.device_calls, probes_asked=len(res.asked),
+                 inference_wall_s=round(res.wall_s, 3))
+    if res.model is not None:
+        rec["model"] = res.model.to_dict()
+        rec["model_summary"] = res.model.describe()
+        extra["short"] = short(res.model)
+    if res.undetermined:
+        extra["undetermined"] = res.undetermined
+        extra["equivalent_candidates"] = len(res.survivors)
+        rec["notes"].append(f"{len(res.survivors)} candidates are observationally equivalent on every probe; "
+                            f"reported: the simplest (parameters left open: {', '.join(res.undetermined)})")
+    if res.status == "fit" and outputs > 0:
+        if progress:
+            progress(stage="validation", candidates=1)
+        v = validate(dev, res.model, outputs=outputs, seed=seed + 1)
+        rec["validation"] = v.record
+        extra["per_shape"] = v.per_shape
+        rec["notes"] += v.notes
+        split = {tuple(s["shape"]): (s["split_k"], s["group_size"]) for s in v.per_shape
+                 if (s["split_k"], s["group_size"]) != (res.model.split_k, res.model.group_size)}
+        if split:
+            rec["notes"].append("per-shape schedule (the kernel differs by shape): " + ", ".join(
+                f"{list(k)} -> split_k={s}, group_size={g}" for k, (s, g) in sorted(split.items())))
+        if v.nondeterministic:
+            rec["status"] = "nondeterministic"
+    rec["extra"] = extra
+    rec["wall_s"] = time.perf_counter() - t0
+    return rec
+
+
+def _worker(name, quick, outputs, seed, extra_spec=None):
+    """Child process: rebuild the device by name, probe it, return its record."""
+    from .backends import detect
+    if extra_spec:
+        dev = _load_extra(extra_spec)
+    else:
+        found = [d for d in detect(include=lambda s: s.name == name) if d.name == name]
+        if not found or found[0].device is None:
+            from reports.schema import new_device
+            d = found[0] if found else None
+            rec = new_device(name, d.backend if d else "?", d.kind if d else "cpu", hardware_run=False,
+                             status="error")
+            rec["error"] = d.reason if d else "device vanished"
+            return rec
+        dev = found[0].device
+    return probe_device(dev, quick=quick, outputs=outputs, seed=seed)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+    from reports.schema import collect_environment, new_device, new_report, run_dir, write_report
+    from .backends import detect
+    con = Console(stderr=True)
+    t0 = time.perf_counter()
+    outputs = args.validate_outputs if args.validate_outputs is not None else (20_000 if args.quick else 100_000)
+
+    with con.status("detecting devices ..."):
+        found = detect()
+    extras = []
+    for spec in args.extra:
+        try:
+            dev = _load_extra(spec)
+            extras.append((dev.name, spec))
+        except Exception as e:
+            con.print(f"[red]--extra {spec}: {type(e).__name__}: {e}")
+            return 2
+    avail = [d.name for d in found if d.status == "available"] + [n for n, _ in extras]
+    chosen = _select(avail, args.devices)
+    if args.list:
+        for d in found:
+            con.print(f"{d.name:42s} {d.status:12s} {d.reason.splitlines()[0] if d.reason else ''}")
+        return 0
+    if args.devices and not chosen:
+        con.print(f"[red]--devices: {args.devices!r} matches no available device; available: {', '.join(avail)}")
+        return 2
+
+    env = collect_environment()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            env = collect_environment()  # torch is imported now: CUDA details included
+    except Exception:
+        pass
+    report = new_report(title="fp4ref probe: inferred GEMM accumulation models",
+                        command="fp4ref probe " + " ".join(argv if argv is not None else sys.argv[1:]),
+                        environment=env)
+    records = {}
+    for d in found:  # unavailable / crashed backends are reported too
+        if d.status != "available" and (not args.devices or _select([d.name], args.devices)):
+            rec = new_device(d.name, d.backend, d.kind if d.kind in ("virtual", "cpu", "cuda", "blackwell-only")
+                             else "cpu", hardware_run=False, status="skipped" if d.status == "unavailable" else "error")
+            rec["error"] = d.reason or None
+            rec["notes"] = [d.reason] if d.reason else []
+            records[d.name] = rec
+    jobs = args.jobs or min(8, os.cpu_count() or 1)
+    extra_map = dict(extras)
+    done_rows = []
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=con) as prog:
+        task = prog.add_task("probing", total=len(chosen))
+        if jobs <= 1 or len(chosen) <= 1:
+            for name in chosen:
+                prog.update(task, description=f"probing {name}")
+                records[name] = _safe_worker(name, args, outputs, extra_map.get(name))
+                prog.advance(task)
+        else:
+            import concurrent.futures as cf
+            import multiprocessing as mp
+            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+                futs = {ex.submit(_worker, n, args.quick, outputs, args.seed, extra_map.get(n)): n for n in chosen}
+                for f in cf.as_completed(futs):
+                    name = futs[f]
+                    try:
+                        records[name] = f.result()
+                    except Exception as e:  # the worker process died
+                        rec = new_device(name, "?", "cpu", hardware_run=False, status="error")
+                        rec["error"] = f"worker crashed: {type(e).__name__}: {e}"
+                        records[name] = rec
+                    prog.update(task, description=f"done {name}")
+                    prog.advance(task)
+    order = [d.name for d in found] + [n for n, _ in extras]
+    report["devices"] = [records[n] for n in order if n in records]
+    out = run_dir(args.out, environment=env)
+    out.mkdir(parents=True, exist_ok=True)
+    path = write_report(report, out / "report.json", html=not args.no_html)
+
+    table = Table(title=f"fp4ref probe ({time.perf_counter() - t0:.1f} s)")
+    for col in ("device", "status", "inferred model", "validation", "wall s"):
+        table.add_column(col)
+    for r in report["devices"]:
+        v = r.get("validation")
+        vs = f"{v['agreement_pct']:.3f}% of {v['outputs']}" if v else "-"
+        mod = (r.get("extra") or {}).get("short") or (r.get("error") or "")[:60]
+        table.add_row(r["name"], r["status"], mod, vs, f"{r['wall_s']:.1f}" if r.get("wall_s") else "-")
+        done_rows.append(r)
+    Console().print(table)
+    con.print(f"report: {path}")
+    return 0
+
+
+def _safe_worker(name, args, outputs, extra_spec):
+    try:
+        return _worker(name, args.quick, outputs, args.seed, extra_spec)
+    except Exception as e:
+        from reports.schema import new_device
+        rec = new_device(name, "?", "cpu", hardware_run=False, status="error")
+        rec["error"] = f"{type(e).__name__}: {e}"
+        return rec
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

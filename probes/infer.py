@@ -1,0 +1,603 @@
+"""Inference: which model of the reference.gemm family is this device?
+
+The candidate space is a grid over the family, introduced stage by stage (each stage adds
+parameters to every surviving candidate; its probes are built to be insensitive to the
+parameters of later stages):
+
+  output   output_mode (6 modes)                      [narrow outputs only]
+  lattice  None or 2^-k, k = 0..40
+  inner    acc_frac_bits p = 12..23; align_bits W = None or 12..p+4; align_mode (5);
+           norm_mode (6); product_format None/float32 [products wider than FP32 only]
+  width    fma_width F = 1..128 (powers of 2); group_size G = None or 2..128 (G >= F);
+           outer_mode (6, with groups); scale_point (block-scaled, G == block)
+  long     G = 256..K/2; split_k = 1, 2, 4, 8, 16
+  subnormal acc_subnormal KEEP/FLUSH; alpha alpha_mode (3) [devices with alpha]
+
+Within a stage, each round simulates the surviving candidates (a sample when there are
+many) on a sample of the stage's probe pool and sends the probes whose predictions split
+the candidates most evenly (greatest partition entropy, greedily batched); candidates that
+mispredict any observed output are dropped.  A stage ends when no pool probe splits the
+survivors.  The result is the canonical member of the surviving class (see
+``equivalent`` and docs/probing.md), then checked on random probes; if every candidate is
+contradicted, the report says "no model in the family fits" with the contradicting probes.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+
+from reference.formats import get_format
+from reference.gemm import AlphaMode, GemmModel, ScalePoint
+from reference.rounding import Mode, Subnormal
+
+from . import probes as P
+from .device import Device, DeviceError, Runner
+from .sim import NAN_KEY, ERR_KEY, output_bits, simulate
+
+__all__ = ["Inference", "InferenceResult", "canonical", "short", "predict", "ROUND_MODES",
+           "ALIGN_MODES", "F_GRID", "P_GRID", "LATTICE_GRID", "SPLIT_GRID", "equivalent",
+           "grid_summary"]
+
+ROUND_MODES = (Mode.RNE, Mode.RTZ, Mode.RDN, Mode.RUP, Mode.RNA, Mode.RTO)
+ALIGN_MODES = (Mode.RTZ, Mode.RDN, Mode.RNE, Mode.RNA, Mode.RUP)
+F_GRID = tuple(1 << k for k in range(8))             # 1 .. 128
+G_SMALL = tuple(1 << k for k in range(1, 8))         # 2 .. 128
+P_GRID = tuple(range(P.ACC_BITS_MIN, 24))            # accumulator fraction bits
+LATTICE_GRID = (None,) + tuple(Fraction(1, 1 << k) for k in range(0, 41))
+SPLIT_GRID = (1, 2, 4, 8, 16)
+
+
+def W_GRID(p: int):
+    return (None,) + tuple(range(P.ACC_BITS_MIN, p + 5))
+
+
+def grid_summary() -> dict:
+    return {"output_mode": [m.name for m in ROUND_MODES], "lattice": "None or 2^-k, k=0..40",
+            "acc_frac_bits": f"{P_GRID[0]}..{P_GRID[-1]}", "align_bits": "None or 12..acc_frac_bits+4",
+            "align_mode": [m.name for m in ALIGN_MODES], "norm_mode": [m.name for m in ROUND_MODES],
+            "fma_width": list(F_GRID), "group_size": "None or 2..K/2 (powers of 2, >= F)",
+            "outer_mode": [m.name for m in ROUND_MODES], "split_k": list(SPLIT_GRID),
+            "product_format": "None or float32 (products wider than FP32 only)",
+            "acc_subnormal": ["KEEP", "FLUSH"], "alpha_mode": [a.name for a in AlphaMode]}
+
+
+# --- prediction cache -----------------------------------------------------------------------
+_CACHE: dict = {}
+_CACHE_MAX = 3_000_000
+_MID: dict = {}  # model -> small int: hashing a GemmModel is slow, do it once per call
+
+
+def _sig(probe) -> bytes:
+    if getattr(probe, "_sig", None) is None:
+        o = probe.ops
+        parts = [o.a.tobytes(), o.b.tobytes()]
+        if o.scales_a is not None:
+            parts += [np.asarray(o.scales_a).tobytes(), np.asarray(o.scales_b).tobytes(), bytes([o.block])]
+        parts.append(repr(o.alpha).encode())
+        import hashlib
+        probe._sig = hashlib.blake2b(b"|".join(parts), digest_size=16).digest()
+    return probe._sig
+
+
+def predict(models: list, probes: list) -> np.ndarray:
+    """Predicted output keys [len(models), len(probes)], memoized per (model, probe)."""
+    out = np.empty((len(models), len(probes)), np.int64)
+    miss_m, miss_p, where = [], [], []
+    sigs = [_sig(p) for p in probes]
+    mids = [_MID.setdefault(m, len(_MID)) for m in models]
+    for i, m in enumerate(models):
+        mi = mids[i]
+        for j, s in enumerate(sigs):
+            v = _CACHE.get((mi, s))
+            if v is None:
+                miss_m.append(m)
+                miss_p.append(probes[j].ops)
+                where.append((i, j))
+            else:
+                out[i, j] = v
+    if miss_m:
+        res = simulate(miss_m, miss_p)
+        if len(_CACHE) > _CACHE_MAX:
+            _CACHE.clear()
+        if len(_MID) > _CACHE_MAX:
+            _MID.clear()
+            _CACHE.clear()
+            mids = [_MID.setdefault(m, len(_MID)) for m in models]
+        for (i, j), v in zip(where, res):
+            out[i, j] = v
+            _CACHE[(mids[i], sigs[j])] = int(v)
+    return out
+
+
+# --- canonical forms and labels ---------------------------------------------------------------
+def _fast_replace(m: GemmModel, **kw) -> GemmModel:
+    """dataclasses.replace without re-validation (values come from the validated grid)."""
+    c = object.__new__(GemmModel)
+    c.__dict__.update(m.__dict__)
+    c.__dict__.update(kw)
+    return c
+
+
+def canonical(m: GemmModel, caps=None) -> GemmModel:
+    """Fold parameters that provably cannot change any output (docs/probing.md)."""
+    kw = {}
+    if m.group_size is not None and m.fma_width > m.group_size:
+        kw["fma_width"] = m.group_size          # a step never spans a group
+    if m.group_size is None and m.acc_frac_bits <= 23:
+        kw["outer_mode"] = Mode.RNE             # one group: its FP32 rounding is exact
+    if m.align_bits is None:
+        kw["align_mode"] = Mode.RTZ             # nothing is aligned
+    if caps is not None:
+        q = product_quantum(caps)
+        if m.lattice is not None and m.lattice <= q:
+            kw["lattice"] = None                # every result is already on that lattice
+        if q >= P.pow2(-126):
+            kw["acc_subnormal"] = Subnormal.KEEP  # no accumulator value is ever subnormal
+        if not caps.block_scaled:
+            kw["scale_point"] = ScalePoint.PRODUCT
+        if caps.alpha == "none":
+            kw["alpha_mode"] = AlphaMode.PREMULTIPLIED
+        if get_format(caps.output).man_bits >= 23 and m.acc_frac_bits <= 23:
+            kw["output_mode"] = Mode.RNE        # an FP32 value rounds to FP32 exactly
+    kw = {k: v for k, v in kw.items() if getattr(m, k) != v}
+    return _fast_replace(m, **kw) if kw else m
+
+
+@functools.lru_cache(maxsize=None)
+def product_quantum(caps) -> Fraction:
+    """Every product, partial sum and rounded result is a multiple of this power of two."""
+    def lsb(fmt):
+        f = get_format(fmt)
+        return f.emin - (f.man_bits if f.subnormals else 0)
+    e = lsb(caps.a_format) + lsb(caps.b_format)
+    if caps.block_scaled:
+        e += 2 * lsb(caps.scale_format)
+    return P.pow2(e)
+
+
+def _pref(m: GemmModel):
+    """Order among observationally equivalent candidates: simplest first."""
+    mi = {x: i for i, x in enumerate(ROUND_MODES)}
+    return (m.product_format is not None, m.lattice is not None, m.split_k,
+            m.group_size is not None, m.group_size or 0,
+            m.align_bits is not None, m.align_bits or 0, -m.acc_frac_bits, m.fma_width,
+            ALIGN_MODES.index(m.align_mode), mi[m.norm_mode], mi[m.outer_mode], mi[m.output_mode],
+            m.acc_subnormal is Subnormal.FLUSH, m.scale_point is ScalePoint.GROUP,
+            list(AlphaMode).index(m.alpha_mode))
+
+
+def short(m: GemmModel) -> str:
+    """Compact one-line form: F16 W26:RTZ p23:RTZ G- S1 L- out:RNE."""
+    parts = [f"F{m.fma_width}",
+             "W-" if m.align_bits is None else f"W{m.align_bits}:{m.align_mode.name}",
+             f"p{m.acc_frac_bits}:{m.norm_mode.name}"]
+    parts.append("G-" if m.group_size is None else f"G{m.group_size}:{m.outer_mode.name}")
+    if m.split_k != 1:
+        parts.append(f"S{m.split_k}")
+    if m.lattice is not None:
+        parts.append(f"L{m.lattice}")
+    if m.product_format:
+        parts.append(f"prod:{m.product_format}")
+    if m.acc_subnormal is Subnormal.FLUSH:
+        parts.append("FTZ")
+    if m.scale_point is ScalePoint.GROUP:
+        parts.append("scale@group")
+    parts.append(f"out:{m.output}:{m.output_mode.name}")
+    return " ".join(parts)
+
+
+def _hex(key: int, fmt: str) -> str:
+    if key == NAN_KEY:
+        return "nan"
+    if key == ERR_KEY:
+        return "error"
+    return f"0x{key:0{get_format(fmt).container_bits // 4}x}"
+
+
+# Stages before split-K is a candidate ignore the sign of a zero result: leading zero
+# slices are neutral for every value except the sign of an exact zero (+0 + -0 = +0).
+ZERO_BLIND = ("output", "lattice", "inner", "width")
+
+
+def _fold_zero(keys, fmt: str):
+    sign = 1 << (get_format(fmt).nbits - 1)
+    keys = np.asarray(keys, np.int64)
+    return np.where(keys == sign, 0, keys)
+
+
+def _entropy(col: np.ndarray) -> float:
+    _, c = np.unique(col, return_counts=True)
+    p = c / c.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+@dataclass
+class Stage:
+    name: str
+    parameter: str
+    expand: Callable
+    pool: Callable
+
+
+@dataclass
+class InferenceResult:
+    status: str                      # fit | no_fit | nondeterministic | error
+    model: GemmModel | None = None
+    survivors: list = field(default_factory=list)
+    probes: list = field(default_factory=list)     # report probe records
+    scans: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    undetermined: dict = field(default_factory=dict)
+    error: str | None = None
+    device_calls: int = 0
+    wall_s: float = 0.0
+    asked: list = field(default_factory=list)      # (Probe, observed key)
+
+
+class NoFit(Exception):
+    pass
+
+
+class Inference:
+    """Adaptive probing of one device.  ``run()`` returns an InferenceResult."""
+
+    def __init__(self, device: Device, *, quick: bool = False, seed: int = 0, batch: int = 8,
+                 sample: int = 32, cand_sample: int = 600, progress: Callable | None = None,
+                 k_core: int | None = None, record_limit: int = 400):
+        self.dev = device
+        self.caps = device.caps
+        self.quick = quick
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.batch = batch
+        self.sample = sample
+        self.cand_sample = cand_sample
+        self.progress = progress or (lambda *a, **k: None)
+        self.runner = Runner(device)
+        step = self.caps.k_step()
+        kc = k_core or (1024 if quick else 2048)
+        kc = min(kc, self.caps.max_k)
+        self.K = max(step, kc - kc % step)
+        self.ctx = P.ProbeContext(self.caps, self.K)
+        self.asked: list = []           # (Probe, key)
+        self.records: list = []
+        self.record_limit = record_limit
+        self.fmt = self.caps.output
+        fa, fb = get_format(self.caps.a_format), get_format(self.caps.b_format)
+        self.wide_products = fa.man_bits + fb.man_bits + 2 > 24 and not self.caps.block_scaled
+
+    # -- device -----------------------------------------------------------------------------
+    def observe(self, probes: list) -> np.ndarray:
+        vals = self.runner.run([p.ops for p in probes])
+        return output_bits(vals, self.fmt)
+
+    # -- stages ---------------------------------------------------------------------------------
+    def stages(self) -> list:
+        caps = self.caps
+        out = get_format(caps.output)
+        st = []
+        if out.man_bits < 23:
+            st.append(Stage("output", "output_mode",
+                            lambda S: [m.replace(output_mode=o) for m in S for o in ROUND_MODES],
+                            lambda ctx: P.cached_pool(P.output_pool, ctx)))
+        st.append(Stage("lattice", "lattice",
+                        lambda S: [m.replace(lattice=L) for m in S for L in LATTICE_GRID],
+                        lambda ctx: P.cached_pool(P.lattice_pool, ctx)))
+        st.append(Stage("inner", "align_bits/acc_frac_bits/align_mode/norm_mode/product_format",
+                        self._expand_inner, lambda ctx: P.cached_pool(P.inner_pool, ctx)))
+        st.append(Stage("width", "fma_width/group_size/outer_mode/scale_point", self._expand_width,
+                        lambda ctx: P.cached_pool(P.width_pool, ctx, 64 if self.quick else 256)))
+        st.append(Stage("long", "group_size/split_k", self._expand_long,
+                        lambda ctx: P.cached_pool(P.long_pool, ctx)))
+        st.append(Stage("subnormal", "acc_subnormal",
+                        lambda S: [m.replace(acc_subnormal=s) for m in S for s in (Subnormal.KEEP, Subnormal.FLUSH)],
+                        lambda ctx: P.cached_pool(P.subnormal_pool, ctx)))
+        if caps.alpha != "none":
+            st.append(Stage("alpha", "alpha_mode",
+                            lambda S: [m.replace(alpha_mode=a) for m in S for a in AlphaMode],
+                            lambda ctx: P.cached_pool(P.alpha_pool, ctx)))
+        return st
+
+    def _expand_inner(self, S):
+        out = []
+        pfs = (None, "float32") if self.wide_products else (None,)
+        for m in S:
+            for p in P_GRID:
+                for W in W_GRID(p):
+                    for am in (ALIGN_MODES if W is not None else (Mode.RTZ,)):
+                        for nm in ROUND_MODES:
+                            for pf in pfs:
+                                out.append(_fast_replace(m, acc_frac_bits=p, align_bits=W, align_mode=am,
+                                                         norm_mode=nm, product_format=pf))
+        return out
+
+    def _expand_width(self, S):
+        out = []
+        blk = self.caps.block
+        gmax = 128 if not self.quick else max(64, 4 * (blk or 1))
+        for m in S:
+            for F in F_GRID:
+                out.append(_fast_replace(m, fma_width=F, group_size=None))
+                for G in G_SMALL:
+                    if G < F or G > gmax or (blk and (G % blk or G < 2 * blk and G != blk)):
+                        continue  # block-scaled: groups of whole blocks
+                    for om in ROUND_MODES:
+                        out.append(_fast_replace(m, fma_width=F, group_size=G, outer_mode=om))
+                        if self.caps.block_scaled and G == self.caps.block:
+                            out.append(_fast_replace(m, fma_width=F, group_size=G, outer_mode=om,
+                                                     scale_point=ScalePoint.GROUP))
+        return out
+
+    def _expand_long(self, S):
+        out = []
+        K = self.K
+        gl = [1 << k for k in range(6 if self.quick else 8, 14) if (1 << k) <= K // 2]
+        for m in S:
+            gs = [m.group_size] if m.group_size is not None else [None] + gl
+            for G in gs:
+                for om in ((m.outer_mode,) if G == m.group_size else ROUND_MODES):
+                    for s in SPLIT_GRID:
+                        if K % s or (G is not None and G > K // s):
+                            continue
+                        out.append(_fast_replace(m, group_size=G, outer_mode=om, split_k=s))
+        return out
+
+    # -- engine -----------------------------------------------------------------------------------
+    def _canon(self, ms):
+        seen = {}
+        for m in ms:
+            c = canonical(m, self.caps)
+            seen.setdefault(c, None)
+        return list(seen)
+
+    def _record(self, probe, key, cands_before, preds_col, n_after, stage):
+        if len(self.records) >= self.record_limit:
+            return
+        groups: dict = {}
+        for m, v in zip(cands_before, preds_col):
+            groups.setdefault(int(v), []).append(m)
+        preds = {}
+        for v, ms in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:8]:
+            lab = short(ms[0]) + (f" (+{len(ms) - 1} more)" if len(ms) > 1 else "")
+            preds[lab] = _hex(v, self.fmt)
+        self.records.append({"name": probe.name, "parameter": probe.parameter or stage,
+                             "description": probe.description, "operands": probe.record_operands(),
+                             "predictions": preds, "observed": _hex(int(key), self.fmt),
+                             "candidates_before": int(len(cands_before)),
+                             "candidates_after": int(n_after), "format": self.fmt})
+
+    def _select(self, cands, pool, asked_sigs):
+        rem = [p for p in pool if _sig(p) not in asked_sigs]
+        if not rem:
+            return []
+        cs = cands
+        if len(cands) > self.cand_sample:
+            idx = self.rng.choice(len(cands), self.cand_sample, replace=False)
+            cs = [cands[i] for i in idx]
+        order = self.rng.permutation(len(rem))
+        for lo in range(0, len(rem), self.sample):
+            chunk = [rem[i] for i in order[lo:lo + self.sample]]
+            pr = predict(cs, chunk)
+            H = np.array([_entropy(pr[:, j]) for j in range(pr.shape[1])])
+            if H.max() <= 0:
+                continue
+            # greedy batch: add the probe that refines the joint partition most
+            chosen = []
+            labels = np.zeros(len(cs), np.int64)
+            cur = 0.0
+            for _ in range(self.batch):
+                best, bj = cur, None
+                for j in np.argsort(-H)[: 4 * self.batch]:
+                    if j in chosen:
+                        continue
+                    _, inv = np.unique(np.stack([labels, pr[:, j]], 1), axis=0, return_inverse=True)
+                    h = _entropy(inv.ravel())
+                    if h > best + 1e-9:
+                        best, bj = h, j
+                if bj is None:
+                    break
+                chosen.append(bj)
+                _, labels = np.unique(np.stack([labels, pr[:, bj]], 1), axis=0, return_inverse=True)
+                labels = labels.ravel()
+                cur = best
+            return [chunk[j] for j in chosen]
+        return []
+
+    def _filter(self, cands, probes, keys, stage):
+        """Drop candidates that mispredict; one probe at a time, so each simulation only
+        covers the candidates still alive."""
+        blind = stage in ZERO_BLIND
+        for p, k in zip(probes, keys):
+            col = predict(cands, [p])[:, 0]
+            ok = (_fold_zero(col, self.fmt) == _fold_zero(k, self.fmt)) if blind else (col == k)
+            self._record(p, k, cands, col, int(ok.sum()), stage)
+            cands = [c for c, o in zip(cands, ok) if o]
+            if not cands:
+                break
+        return cands, None
+
+    def run_stage(self, stage: Stage, survivors: list) -> list:
+        cands = self._canon(stage.expand(survivors))
+        # pools depend only on formats and K (not on survivors): the same probes every run
+        self.ctx.acc_bits = (P_GRID[0], P_GRID[-1])
+        pool = stage.pool(self.ctx)
+        asked = {_sig(p) for p, _ in self.asked}
+        self.progress(stage=stage.name, candidates=len(cands))
+        while len(cands) > 1:
+            chosen = self._select(cands, pool, asked)
+            if not chosen:
+                break
+            keys = self.observe(chosen)
+            for p, k in zip(chosen, keys):
+                self.asked.append((p, int(k)))
+                self.asked_stage.append(stage.name)
+                asked.add(_sig(p))
+            before = cands
+            cands, pr = self._filter(cands, chosen, keys, stage.name)
+            self.progress(stage=stage.name, candidates=len(cands))
+            if not cands:
+                self._explain(before, stage)
+                raise NoFit(f"stage {stage.name}: no candidate of the family reproduces the observed outputs")
+        return cands
+
+    def _explain(self, before, stage):
+        """For the last candidates, the first observed probe each one mispredicts."""
+        shown = sorted(before, key=_pref)[:4]
+        probes = [p for p, _ in self.asked]
+        keys = np.array([k for _, k in self.asked])
+        pr = predict(shown, probes)
+        for m, row in zip(shown, pr):
+            bad = np.nonzero(row != keys)[0]
+            if len(bad):
+                j = bad[0]
+                self.notes.append(f"{short(m)} contradicted by probe '{probes[j].name}': predicted "
+                                  f"{_hex(int(row[j]), self.fmt)}, observed {_hex(int(keys[j]), self.fmt)}")
+        self.closest = shown[0] if shown else None
+
+    def _check_all(self, cands):
+        """Survivors consistent with every observation so far (later stages may add axes
+        that earlier probes were designed to ignore; verify instead of trusting)."""
+        probes = [p for p, _ in self.asked]
+        keys = np.array([k for _, k in self.asked], np.int64)
+        if not probes:
+            return cands
+        pr = predict(cands, probes)
+        blind = np.array([st in ZERO_BLIND for st in self.asked_stage])
+        eq = np.where(blind[None, :], _fold_zero(pr, self.fmt) == _fold_zero(keys, self.fmt)[None, :],
+                      pr == keys[None, :])
+        ok = eq.all(axis=1)
+        if not ok.any():
+            self._explain(cands, "all")
+        return [c for c, o in zip(cands, ok) if o]
+
+    def determinism(self) -> bool:
+        # all at the probe shape (K_core): libraries pick kernels per shape
+        ps = P.random_pool(self.ctx, 6, self.seed + 11, "mixed")
+        first = self.observe(ps)
+        for _ in range(2):
+            again = self.observe(ps)
+            if not np.array_equal(first, again):
+                j = int(np.nonzero(first != again)[0][0])
+                self.notes.append(f"nondeterministic: probe '{ps[j].name}' gave {_hex(int(first[j]), self.fmt)} "
+                                  f"then {_hex(int(again[j]), self.fmt)} for identical operands")
+                return False
+        self.random_obs = list(zip(ps, (int(k) for k in first)))  # checked at the end only
+        return True
+
+    def run(self) -> InferenceResult:
+        t0 = time.perf_counter()
+        self.notes: list = []
+        self.closest = None
+        self.random_obs = []
+        self.asked_stage = []
+        res = InferenceResult("error")
+        try:
+            if not self.determinism():
+                res.status = "nondeterministic"
+                return self._finish(res, t0)
+            survivors = [GemmModel("inferred", output=self.caps.output)]
+            for st in self.stages():
+                survivors = self.run_stage(st, survivors)
+                survivors = self._check_all(survivors)
+                if not survivors:
+                    raise NoFit(f"after stage {st.name}: no candidate reproduces every observation")
+            # split-K is known now: the zero signs the early stages ignored must match too
+            probes_ = [p for p, _ in self.asked]
+            keys_ = np.array([k for _, k in self.asked], np.int64)
+            if probes_:
+                exact = (predict(survivors, probes_) == keys_[None, :]).all(axis=1)
+                if exact.any():
+                    survivors = [c for c, o in zip(survivors, exact) if o]
+            # random checks: the chosen model must reproduce unseen random probes
+            checks = P.random_pool(self.ctx, 12, self.seed + 21, "normal") + \
+                P.random_pool(self.ctx, 8, self.seed + 22, "cancel") + \
+                P.random_pool(self.ctx, 8, self.seed + 23, "heavy")
+            keys = self.observe(checks)
+            for p, k in zip(checks, keys):
+                self.asked.append((p, int(k)))
+                self.asked_stage.append("check")
+            checks = [p for p, _ in self.random_obs] + checks
+            keys = np.concatenate([[k for _, k in self.random_obs], keys]).astype(np.int64)
+            before = survivors
+            survivors, _ = self._filter(survivors, checks, keys, "check")
+            if not survivors:
+                self._explain(before, "check")
+                raise NoFit("random checks: no surviving candidate reproduces them")
+            survivors = sorted(survivors, key=_pref)
+            res.model = survivors[0].replace(name="inferred")
+            res.survivors = survivors
+            res.undetermined = _undetermined(survivors)
+            res.status = "fit"
+            res.scans = self._scans(res.model)
+        except NoFit as e:
+            res.status = "no_fit"
+            self.notes.insert(0, f"no model in the family fits: {e}")
+            res.model = self.closest.replace(name="closest") if self.closest is not None else None
+        except DeviceError as e:
+            res.status = "error"
+            res.error = str(e)
+        return self._finish(res, t0)
+
+    def _finish(self, res, t0):
+        res.probes = self.records
+        res.notes = list(self.notes)
+        res.asked = list(self.asked)
+        res.device_calls = self.runner.calls
+        res.wall_s = time.perf_counter() - t0
+        return res
+
+    def _scans(self, model: GemmModel) -> list:
+        """Group-boundary scan: output vs the position of one big term (plot data)."""
+        n = min(self.K, 64 if self.quick else 256)
+        j = model.acc_frac_bits + 1
+        pos = list(range(0, n, max(1, n // 64)))
+        ps = [p for p in P.boundary_scan(self.ctx, n, j, pos) if p is not None]
+        if not ps:
+            return []
+        try:
+            keys = self.observe(ps)
+        except DeviceError:
+            return []
+        pred = predict([model], ps)[0]
+        from .sim import bits_to_float
+        got = bits_to_float(keys, self.fmt)
+        exp = bits_to_float(pred, self.fmt)
+        e0 = self.ctx.bases(j + 2)[0]
+        B = 2.0 ** e0
+        u = 2.0 ** (e0 - j)
+        y = [None if not np.isfinite(v) else float((v - B) / u) for v in got]
+        ym = [None if not np.isfinite(v) else float((v - B) / u) for v in exp]
+        base = dict(xlabel="position of the big term", ylabel="(output - big) / small term")
+        return [dict(name=f"group-boundary scan (device), n={n}, small=2^-{j} big", x=pos, y=y,
+                     description="jumps mark fused-step / group boundaries", **base),
+                dict(name=f"group-boundary scan (inferred model), n={n}", x=pos, y=ym, **base)]
+
+
+def _undetermined(ms: list) -> dict:
+    out = {}
+    if len(ms) <= 1:
+        return out
+    for f in ("fma_width", "align_bits", "align_mode", "acc_frac_bits", "norm_mode", "group_size",
+              "outer_mode", "lattice", "split_k", "product_format", "acc_subnormal", "alpha_mode",
+              "output_mode", "scale_point"):
+        vals = sorted({str(getattr(m, f)) for m in ms})
+        if len(vals) > 1:
+            out[f] = vals
+    return out
+
+
+def equivalent(m1: GemmModel, m2: GemmModel, probes: list, extra: Callable | None = None) -> bool:
+    """Observational equivalence on a probe set (and optional extra check, e.g. validation)."""
+    pr = predict([m1, m2], probes)
+    if not np.array_equal(pr[0], pr[1]):
+        return False
+    return extra(m1, m2) if extra else True
+
+
+_ = math

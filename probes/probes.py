@@ -1,0 +1,682 @@
+"""Probe operands, generated from the formats' parameters (never from one GPU's answers).
+
+A probe is one dot product.  Generators describe it as a list of *terms* (exact product
+values, block scales included), right-aligned in a vector of length K (leading zeros are
+neutral in every model of the family: the accumulator stays +0, and zero groups or slices
+add +0 exactly).  The ``Realizer`` turns terms into operands of the device's formats
+(and block scales), or drops a probe whose terms no operand pair can produce.
+
+Pools per inferred parameter:
+- output rounding: ties / near-ties at the output precision, both signs and parities;
+- lattice: single terms c * 2^-j (c of 1-3 bits);
+- inner (alignment bits W, accumulator bits p, alignment and normalization rounding,
+  product rounding): two-term sums [+-c 2^e, t] with gaps, carries and cancellation;
+- fused width F and groups G: runs of equal small terms around one big term (the
+  group-boundary scan), small-then-big runs, and in-step cancellation triples;
+- split-K and long groups: the same runs spread over all of K;
+- subnormals, alpha (per-tensor / per-row factors), and random checks.
+
+"Accumulation-exact" probes (every partial sum fits 13 significant bits, the narrowest
+accumulator of the candidate grid) are insensitive to every accumulation parameter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+from reference.exact import floor_log2
+from reference.formats import FormatSpec, get_format
+
+from .device import Capabilities
+from .sim import Operands
+
+__all__ = ["Probe", "Realizer", "ProbeContext", "ACC_BITS_MIN", "output_pool", "lattice_pool",
+           "inner_pool", "width_pool", "long_pool", "subnormal_pool", "alpha_pool",
+           "random_pool", "boundary_scan", "pow2"]
+
+ACC_BITS_MIN = 12  # narrowest accumulator (fraction bits) of the candidate grid
+
+
+def pow2(e: int) -> Fraction:
+    return Fraction(1 << e) if e >= 0 else Fraction(1, 1 << -e)
+
+
+@dataclass
+class Probe:
+    name: str
+    parameter: str
+    description: str
+    ops: Operands
+    pattern: str = ""
+    pid: int = field(default=-1)
+
+    def record_operands(self) -> dict:
+        d = {"K": self.ops.K, "pattern": self.pattern}
+        o = self.ops
+        prod = o.a * o.b
+        if o.scales_a is not None:
+            prod = prod * np.repeat(np.asarray(o.scales_a) * np.asarray(o.scales_b), o.block)
+        nz = np.nonzero(prod)[0]
+        if len(nz) <= 12:
+            d["terms"] = {str(int(k)): _fstr(prod[k]) for k in nz}
+        if self.ops.alpha:
+            d["alpha"] = [float(x) for x in self.ops.alpha]
+        return d
+
+
+def _fstr(x: float) -> str:
+    return float(x).hex()
+
+
+def _representable(v: Fraction, fmt: FormatSpec) -> bool:
+    if v < 0:
+        if not fmt.signed:
+            return False
+        v = -v
+    try:
+        fmt.encode_magnitude(v)
+        return True
+    except ValueError:
+        return False
+
+
+@lru_cache(maxsize=None)
+def _positive_values(fmtname: str) -> tuple:
+    fmt = get_format(fmtname)
+    return tuple(v for _, v in fmt.finite_values if v > 0)
+
+
+@lru_cache(maxsize=None)
+def _pair_products(fa: str, fb: str) -> dict:
+    """Positive products x*y of two finite operand values -> (x, y) (small formats only)."""
+    d = {}
+    for x in _positive_values(fa):
+        for y in _positive_values(fb):
+            d.setdefault(x * y, (x, y))
+    return d
+
+
+@lru_cache(maxsize=None)
+def _scale_products(fs: str) -> dict:
+    vals = _positive_values(fs) if get_format(fs).nbits <= 16 else ()
+    d = {}
+    for x in vals:
+        for y in vals:
+            d.setdefault(x * y, (x, y))
+    return d
+
+
+class Realizer:
+    """Operands (and block scales) for target products, in the device's formats."""
+
+    def __init__(self, caps: Capabilities, K: int):
+        self.caps = caps
+        self.K = K
+        self.fa = get_format(caps.a_format)
+        self.fb = get_format(caps.b_format)
+        self.small = self.fa.nbits <= 8 and self.fb.nbits <= 8
+        self._memo: dict = {}
+        self._bmemo: dict = {}
+
+    # -- one product ---------------------------------------------------------------------
+    def product(self, t) -> tuple | None:
+        key = t if isinstance(t, tuple) else Fraction(t)
+        if key not in self._memo:
+            self._memo[key] = self._product(t)
+        return self._memo[key]
+
+    def _product(self, t) -> tuple | None:
+        if isinstance(t, tuple):
+            x, y = Fraction(t[0]), Fraction(t[1])
+            if _representable(x, self.fa) and _representable(y, self.fb):
+                return x, y
+            if _representable(y, self.fa) and _representable(x, self.fb):
+                return y, x
+            return None
+        t = Fraction(t)
+        if t == 0:
+            return Fraction(0), Fraction(1)
+        neg = t < 0
+        m = abs(t)
+        if self.small:
+            d = _pair_products(self.fa.name, self.fb.name)
+            if m in d:
+                x, y = d[m]
+                return (-x if neg else x), y
+            return None
+        # odd significand M and exponent E: m = M * 2^E
+        num, den = m.numerator, m.denominator
+        tz = (num & -num).bit_length() - 1
+        M = num >> tz
+        E = tz - (den.bit_length() - 1)
+        top = E + M.bit_length() - 1
+        for fx, fy, swap in ((self.fa, self.fb, False), (self.fb, self.fa, True)):
+            if M.bit_length() > fx.man_bits + 1:
+                continue
+            # y = 2^ey, x = m / y; ey near top/2 keeps both near 1
+            lo = max(fy.emin - (fy.man_bits if fy.subnormals else 0), top - fx.emax)
+            hi = min(fy.emax, top - fx.emin + fx.man_bits + 1 - M.bit_length())
+            if lo > hi:
+                continue
+            ey = min(max(top // 2, lo), hi)
+            for cand in (ey, lo, hi):
+                y = pow2(cand)
+                x = m / y
+                if _representable(x, fx) and _representable(y, fy):
+                    x = -x if neg else x
+                    return (y, x) if swap else (x, y)
+        # split M into two factors (narrow formats)
+        pa, pb = self.fa.man_bits + 1, self.fb.man_bits + 1
+        if M.bit_length() <= pa + pb and pa <= 12:
+            for Ma in range(3, 1 << pa, 2):
+                if M % Ma:
+                    continue
+                Mb = M // Ma
+                if Mb.bit_length() > pb:
+                    continue
+                ta = top - (Mb.bit_length() - 1)
+                for ex in (ta // 2, 0, ta):
+                    x = Fraction(Ma) * pow2(ex - (Ma.bit_length() - 1))
+                    y = m / x
+                    if _representable(x, self.fa) and _representable(y, self.fb):
+                        return (-x if neg else x), y
+        return None
+
+    # -- a whole vector -------------------------------------------------------------------
+    def realize(self, terms: list, alpha=None, K: int | None = None, align: str = "right"):
+        K = K or self.K
+        n = len(terms)
+        if n > K:
+            return None
+        off = K - n if align == "right" else 0
+        a = np.zeros(K)
+        b = np.zeros(K)
+        if not self.caps.block_scaled:
+            for i, t in enumerate(terms):
+                r = self.product(t)
+                if r is None:
+                    return None
+                a[off + i], b[off + i] = float(r[0]), float(r[1])
+            return Operands(a, b, alpha=alpha)
+        B = self.caps.block
+        nb = K // B
+        sa = np.ones(nb)
+        sb = np.ones(nb)
+        full = [Fraction(0)] * K
+        for i, t in enumerate(terms):
+            if isinstance(t, tuple):
+                return None
+            full[off + i] = Fraction(t)
+        pe = _pair_products(self.fa.name, self.fb.name)
+        sp = _scale_products(self.caps.scale_format)
+        for blk in range(nb):
+            ts = full[blk * B:(blk + 1) * B]
+            nz = [t for t in ts if t != 0]
+            if not nz:
+                b[blk * B:(blk + 1) * B] = 1.0
+                continue
+            bkey = tuple(nz)
+            if bkey not in self._bmemo:
+                self._bmemo[bkey] = self._block_scale(nz, pe, sp)
+            S = self._bmemo[bkey]
+            if S is None:
+                return None
+            (xs, ys), Sv = S
+            sa[blk], sb[blk] = float(xs), float(ys)
+            for k in range(blk * B, (blk + 1) * B):
+                t = full[k]
+                if t == 0:
+                    a[k], b[k] = 0.0, 1.0
+                    continue
+                x, y = pe[abs(t) / Sv]
+                a[k] = float(-x if t < 0 else x)
+                b[k] = float(y)
+        return Operands(a, b, sa, sb, B, alpha)
+
+    @staticmethod
+    def _block_scale(nz, pe, sp):
+        t0 = abs(nz[0])
+        best = None
+        for v in pe:
+            S = t0 / v
+            if S not in sp:
+                continue
+            if all(abs(t) / S in pe for t in nz[1:]):
+                xs, ys = sp[S]
+                score = abs(floor_log2(xs) - floor_log2(ys))
+                if best is None or score < best[0]:
+                    best = (score, (sp[S], S))
+        return None if best is None else best[1]
+
+
+@dataclass
+class ProbeContext:
+    caps: Capabilities
+    K: int                         # probe length (K_core)
+    realizer: Realizer = None
+    acc_bits: tuple = (ACC_BITS_MIN, 23)   # plausible accumulator fraction bits (from survivors)
+
+    def __post_init__(self):
+        if self.realizer is None:
+            self.realizer = Realizer(self.caps, self.K)
+
+    @property
+    def fa(self):
+        return get_format(self.caps.a_format)
+
+    @property
+    def fb(self):
+        return get_format(self.caps.b_format)
+
+    def prod_exp_range(self) -> tuple[int, int]:
+        """Exponents of representable products (normal operands; scales included)."""
+        lo = self.fa.emin + self.fb.emin
+        hi = self.fa.emax + self.fb.emax + 1
+        if self.caps.block_scaled:
+            fs = get_format(self.caps.scale_format)
+            lo += 2 * (fs.emin - (fs.man_bits if fs.subnormals else 0))
+            hi += 2 * fs.emax + 1
+        return lo, hi
+
+    def bases(self, span: int) -> list[int]:
+        """Exponents e0 such that [2^(e0-span), 2^(e0+1)] lies inside the product range,
+        largest first (large values keep clear of any output lattice <= 1)."""
+        lo, hi = self.prod_exp_range()
+        cands = [min(hi - 2, 24), min(hi - 2, span + 2), 0]
+        out = []
+        for e in cands:
+            if e - span >= lo + 1 and e <= hi - 2 and e not in out:
+                out.append(e)
+        return out or [min(max(0, lo + span + 1), hi - 2)]
+
+    def make(self, terms, name, parameter, description, pattern="", alpha=None, align="right",
+             spread=False):
+        """A probe from terms; ``spread`` (block-scaled devices): one term per block, since
+        one block scale cannot hold terms of very different magnitudes."""
+        if spread and self.caps.block_scaled and len(terms) > 1:
+            blk = self.caps.block
+            sp = []
+            for t in terms[:-1]:
+                sp += [t] + [Fraction(0)] * (blk - 1)
+            terms = sp + [terms[-1]]
+        ops = self.realizer.realize(terms, alpha=alpha, align=align)
+        if ops is None:
+            return None
+        return Probe(name, parameter, description, ops, pattern or _pattern(terms))
+
+
+def _pattern(terms) -> str:
+    def f(t):
+        if isinstance(t, tuple):
+            return f"({_fr(t[0])}*{_fr(t[1])})"
+        return _fr(t)
+    if len(terms) > 8:
+        nz = [(i, t) for i, t in enumerate(terms) if not (not isinstance(t, tuple) and t == 0)]
+        return f"{len(terms)} terms; " + ", ".join(f"[{i}]={f(t)}" for i, t in nz[:6]) + (
+            " ..." if len(nz) > 6 else "")
+    return "[" + ", ".join(f(t) for t in terms) + "]"
+
+
+def _fr(x) -> str:
+    x = Fraction(x)
+    if x == 0:
+        return "0"
+    s = "-" if x < 0 else ""
+    x = abs(x)
+    e = floor_log2(x)
+    m = x / pow2(e)
+    return f"{s}2^{e}" if m == 1 else f"{s}{float(m):g}*2^{e}"
+
+
+def _keep(ps):
+    return [p for p in ps if p is not None]
+
+
+_POOLS: dict = {}
+_REALIZERS: dict = {}
+
+
+def cached_pool(fn, ctx: "ProbeContext", *args) -> list:
+    """Pools depend only on the formats, K and the accumulator range: build each once."""
+    key = (fn.__name__, ctx.caps, ctx.K, ctx.acc_bits, args)
+    if key not in _POOLS:
+        if (ctx.caps, ctx.K) in _REALIZERS:
+            ctx.realizer = _REALIZERS[(ctx.caps, ctx.K)]
+        else:
+            _REALIZERS[(ctx.caps, ctx.K)] = ctx.realizer
+        _POOLS[key] = fn(ctx, *args)
+    return _POOLS[key]
+
+
+# --- pools ---------------------------------------------------------------------------------------
+def output_pool(ctx: ProbeContext) -> list:
+    """Ties and near-ties at the output precision: sums of <= 3 terms spanning <= 13 bits."""
+    fo = get_format(ctx.caps.output)
+    mo = fo.man_bits
+    out = []
+    if mo > ACC_BITS_MIN - 2:
+        return out
+    # every bit >= 2^0: no lattice of the grid (L <= 1) can move these sums
+    bases = [e for e in ctx.bases(mo + 3) if e - mo - 2 >= 0] or ctx.bases(mo + 3)[:1]
+    for e0 in bases:
+        for odd in (False, True):
+            base = [pow2(e0)] + ([pow2(e0 - mo)] if odd else [])
+            for tail, what in ((pow2(e0 - mo - 1), "tie"), (3 * pow2(e0 - mo - 2), "above tie"),
+                               (pow2(e0 - mo - 2), "below tie")):
+                for s in (1, -1):
+                    terms = [s * t for t in base] + [s * tail]
+                    out.append(ctx.make(terms, f"output {what} {'odd' if odd else 'even'} "
+                                        f"{'+' if s > 0 else '-'} e={e0}", "output_mode",
+                                        f"exact sum {what} between two {fo.name} neighbours "
+                                        f"({'odd' if odd else 'even'} lower neighbour)", spread=True))
+    return _keep(out)
+
+
+def lattice_pool(ctx: ProbeContext, kmax: int = 40) -> list:
+    out = []
+    for j in range(-2, kmax + 2):
+        for c in (Fraction(1), Fraction(3, 2), Fraction(5, 4), Fraction(3, 4)):
+            for s in (1, -1) if j % 3 == 0 else (1,):
+                t = s * c * pow2(-j)
+                out.append(ctx.make([t], f"lattice c={c} j={j}", "lattice",
+                                    f"one exact term {_fr(t)}: survives only on a fine enough lattice"))
+    return _keep(out)
+
+
+def inner_pool(ctx: ProbeContext, gap_max: int = 56) -> list:
+    """Two-term sums [c*2^e, t]: alignment (W), accumulator bits (p) and their rounding."""
+    out = []
+    fa, fb = ctx.fa, ctx.fb
+    wide = fa.man_bits + fb.man_bits + 2 > 24  # products wider than FP32
+    for e0 in ctx.bases(min(gap_max, 40))[:2]:
+        E = pow2(e0)
+        firsts = [(E, "1"), (E * (2 - pow2(-(ACC_BITS_MIN - 1))), "carry")]
+        for f, fname in firsts:
+            for j in range(1, gap_max + 1):
+                for m in (1, 3, 7):
+                    for s1 in (1, -1):
+                        for s2 in (1, -1):
+                            if m == 7 and (s1 < 0 or j % 2):
+                                continue
+                            t2 = s2 * m * pow2(e0 - j)
+                            out.append(ctx.make([s1 * f, t2], f"gap {fname} j={j} m={m} {s1:+d}{s2:+d}",
+                                                "inner", f"{_fr(s1 * f)} then {_fr(t2)}: alignment / "
+                                                "normalization of a term j bits below", spread=True))
+        # cancellation: 2^e - (2^e - 2^(e-j)) leaves 2^(e-j) if the alignment keeps j bits
+        for j in range(2, gap_max + 1):
+            for s in (1, -1):
+                t2 = -s * (E - pow2(e0 - j))
+                out.append(ctx.make([s * E, t2], f"cancel j={j} {s:+d}", "inner",
+                                    f"{_fr(s * E)} + ({_fr(t2)}): catastrophic cancellation", spread=True))
+    if wide:  # products that need more than 24 bits (FMA vs rounded products)
+        u = pow2(-fa.man_bits)
+        # k <= 11: the first term -(1 + 2^-k) is exact in every accumulator of the grid
+        for k in range(2, min(fa.man_bits, ACC_BITS_MIN)):
+            # x*y sits just below 1 + 2^-k: rounding the product lands on it, the exact
+            # product is truncated below it by the alignment
+            x = 1 + pow2(-k) + u
+            y = 1 - u
+            for pre in ([], [-(1 + pow2(-k))]):
+                out.append(ctx.make(pre + [(x, y)], f"product-round k={k} {'diff' if pre else 'alone'}",
+                                    "product_format", "a product just below a short value: "
+                                    "rounded products land on it, exact ones do not"))
+    return _keep(out)
+
+
+def _isolate(terms: list, big_idx: list, blk: int | None, K: int) -> list:
+    """Block-scaled operands: zero the small terms that share a block with a big one (one
+    block scale cannot span both magnitudes).  Positions are right-aligned in K."""
+    if not blk:
+        return terms
+    off = K - len(terms)
+    blocks = {(off + i) // blk for i in big_idx}
+    return [t if i in big_idx or (off + i) // blk not in blocks else Fraction(0)
+            for i, t in enumerate(terms)]
+
+
+def width_pool(ctx: ProbeContext, nmax: int = 256) -> list:
+    """Runs of equal small terms around one big term (F, G, W), and in-step cancellation."""
+    if ctx.caps.block_scaled:
+        return _width_pool_blocked(ctx, nmax)
+    out = []
+    lo_p, hi_p = ctx.acc_bits
+    ns = sorted({n for k in range(1, 9) for n in ((1 << k), (1 << k) + 1) if n <= nmax} | {3})
+    for e0 in ctx.bases(hi_p + 6)[:1]:
+        B = pow2(e0)
+        js = sorted(set(range(max(2, lo_p - 1), hi_p + 6)))
+        for n in ns:
+            for j in js[::2] if n > 64 else js:
+                for su in (1, -1, -2):
+                    u = (1 if su != -1 else -1) * pow2(e0 - j)
+                    Bs = -B if su == -2 else B  # -2: negative big term, positive small ones
+                    out.append(ctx.make([Bs] + [u] * (n - 1), f"big-then-small n={n} j={j} {su:+d}",
+                                        "fma_width/group_size",
+                                        f"{_fr(Bs)} then {n - 1} x {_fr(u)}: how many small terms share "
+                                        "a fused step or group with the big one"))
+                    out.append(ctx.make([u] * (n - 1) + [Bs], f"small-then-big n={n} j={j} {su:+d}",
+                                        "fma_width/group_size",
+                                        f"{n - 1} x {_fr(u)} then 2^{e0}: small terms summed before "
+                                        "the big one"))
+        # in-step cancellation: [+B, s, -B] at distance d reveals F and W beyond p
+        for d in ns:
+            for j in range(max(2, lo_p - 1), hi_p + 8):
+                s = pow2(e0 - j)
+                terms = [B] + [Fraction(0)] * (d - 1) + [-B, s]
+                out.append(ctx.make(terms, f"cancel-triple d={d} j={j}", "fma_width/align_bits",
+                                    f"2^{e0}, -2^{e0} {d} apart, then {_fr(s)}"))
+                terms = [B, s] + [Fraction(0)] * (d - 1) + [-B]
+                out.append(ctx.make(terms, f"cancel-inner d={d} j={j}", "fma_width/align_bits",
+                                    f"2^{e0}, {_fr(s)}, then -2^{e0} {d} later"))
+    return _keep(out) + dense_pool(ctx, nmax)
+
+
+def _width_pool_blocked(ctx: ProbeContext, nmax: int) -> list:
+    """Block-scaled variant: big terms sit alone in their block."""
+    out = []
+    lo_p, hi_p = ctx.acc_bits
+    blk = ctx.caps.block
+    ns = sorted({n for k in range(1, 9) for n in ((1 << k), (1 << k) + 1, (1 << k) + blk) if n <= nmax + blk})
+    for e0 in ctx.bases(hi_p + 6)[:1]:
+        B = pow2(e0)
+        for n in ns:
+            for j in range(max(2, lo_p - 1), hi_p + 6):
+                for su in (1, -1):
+                    u = su * pow2(e0 - j)
+                    t = _isolate([B] + [u] * (n - 1), [0], blk, ctx.K)
+                    out.append(ctx.make(t, f"big-then-small n={n} j={j} {su:+d}", "fma_width/group_size",
+                                        f"2^{e0} alone in its block, then small terms {_fr(u)}"))
+                    t = _isolate([u] * (n - 1) + [B], [n - 1], blk, ctx.K)
+                    out.append(ctx.make(t, f"small-then-big n={n} j={j} {su:+d}", "fma_width/group_size",
+                                        f"small terms {_fr(u)}, then 2^{e0} alone in its block"))
+        for d in ns:
+            for j in range(max(2, lo_p - 1), hi_p + 8):
+                s = pow2(e0 - j)
+                for terms, big, nm in (([B] + [Fraction(0)] * (d - 1) + [-B] + [Fraction(0)] * (blk - 1) + [s],
+                                        [0, d], "cancel-triple"),
+                                       ([B] + [Fraction(0)] * (blk - 1) + [s] + [Fraction(0)] * (d - 1) + [-B],
+                                        [0, blk + d], "cancel-inner")):
+                    out.append(ctx.make(terms, f"{nm} d={d} j={j}", "fma_width/align_bits",
+                                        f"2^{e0} and -2^{e0} with {_fr(s)}, each alone in its block"))
+    return _keep(out) + dense_pool(ctx, nmax)
+
+
+def dense_value(ctx: ProbeContext, e0: int) -> Fraction | None:
+    """A realizable product c * 2^e0, c in [1, 2), with as many significant bits as possible."""
+    fa, fb = ctx.fa, ctx.fb
+    cands = []
+    for ma in range(fa.man_bits, -1, -1):
+        for mb in range(fb.man_bits, -1, -1):
+            c = (2 - pow2(-ma)) * (2 - pow2(-mb)) / 2 if ma or mb else Fraction(1)
+            if c >= 2:
+                c /= 2
+            cands.append(c)
+    cands += [Fraction(9, 8), Fraction(3, 2), Fraction(1)]
+    for c in cands:
+        if ctx.realizer.product(c * pow2(e0)) is not None:
+            return c
+    return None
+
+
+def _bits(c: Fraction) -> int:
+    num, den = c.numerator, c.denominator
+    return num.bit_length() - ((num & -num).bit_length() - 1)
+
+
+def dense_pool(ctx: ProbeContext, nmax: int = 256) -> list:
+    """Runs of many-bit terms at staggered exponents: their sums fill the accumulator's
+    fraction bits, so its precision p and normalization rounding show."""
+    out = []
+    lo_p, hi_p = ctx.acc_bits
+    for e0 in ctx.bases(hi_p + 4)[:1]:
+        c = dense_value(ctx, e0)
+        if c is None:
+            continue
+        for depth in sorted({lo_p, (lo_p + hi_p) // 2, hi_p, 12, 16, 20, 24}):
+            offs = list(range(0, depth))  # every alignment position down to `depth`
+            for n in (2, 3, 5, 9, 17, 33, 65, 129, 257):
+                if n > nmax + 1:
+                    continue
+                for signs, sname in (((1,), "+"), ((1, 1, -1), "++-"), ((1, -1), "+-"), ((1,), "top+"),
+                                     ((-1,), "top-")):
+                    if sname.startswith("top"):  # mostly top-exponent terms: carries grow the sum
+                        terms = [signs[0] * c * pow2(e0 - (0 if i % 8 else offs[-1 - (i // 8) % len(offs)]))
+                                 for i in range(n)]
+                    else:
+                        terms = [signs[i % len(signs)] * c * pow2(e0 - offs[i % len(offs)]) for i in range(n)]
+                    out.append(ctx.make(terms, f"dense n={n} {sname} depth={depth}", "acc_frac_bits/norm_mode",
+                                        f"{n} terms of {_bits(c)} bits at exponents {e0}..{e0 - depth + 1}: "
+                                        "sums that fill the accumulator"))
+    return _keep(out)
+
+
+def boundary_scan(ctx: ProbeContext, n: int, j: int, positions) -> list:
+    """The group-boundary scan: one big term at position i among n-1 equal small terms."""
+    out = []
+    e0 = ctx.bases(j + 2)[0]
+    B = pow2(e0)
+    u = pow2(e0 - j)
+    for i in positions:
+        terms = [u] * n
+        terms[i] = B
+        terms = _isolate(terms, [i], ctx.caps.block, ctx.K)
+        out.append(ctx.make(terms, f"scan n={n} i={i} j={j}", "group_size",
+                            f"2^{e0} at position {i} among {n - 1} x {_fr(u)}"))
+    return out
+
+
+def long_pool(ctx: ProbeContext, nmin: int = 65) -> list:
+    """Long runs (long groups G) and runs over all of K (split-K slices)."""
+    out = []
+    lo_p, hi_p = ctx.acc_bits
+    ns = [n for n in (65, 96, 129, 192, 257, 384, 512, 513, 768, 1024, 1025, 1536, 2048, 2049, 3072, 4096)
+          if nmin <= n <= ctx.K]
+    blk = ctx.caps.block
+    for e0 in ctx.bases(hi_p + 6)[:1]:
+        for B in (pow2(e0), 3 * pow2(e0 - 1)):
+            for n in ns:
+                for j in (6, 9, lo_p, (lo_p + hi_p) // 2, hi_p, hi_p + 1, hi_p + 2, hi_p + 4, hi_p + 6):
+                    for su in (1, -1, -2):
+                        u = (1 if su != -1 else -1) * pow2(e0 - j)
+                        Bs = -B if su == -2 else B  # -2: negative big term
+                        t = _isolate([Bs] + [u] * (n - 1), [0], blk, ctx.K)
+                        out.append(ctx.make(t, f"long big-then-small n={n} B={_fr(Bs)} j={j} {su:+d}",
+                                            "group_size/split_k", f"{_fr(Bs)} then {n - 1} x {_fr(u)}"))
+                        t = _isolate([u] * (n - 1) + [Bs], [n - 1], blk, ctx.K)
+                        out.append(ctx.make(t, f"long small-then-big n={n} B={_fr(Bs)} j={j} {su:+d}",
+                                            "group_size/split_k", f"{n - 1} x {_fr(u)} then {_fr(Bs)}"))
+    # split-K slices scale with K, groups do not: the same runs at K/2 and K/4
+    for Kx in (ctx.K // 2, ctx.K // 4):
+        if Kx < 64 or Kx % ctx.caps.k_step():
+            continue
+        e0 = ctx.bases(hi_p + 6)[0]
+        for n in (Kx // 4 + 1, Kx // 2 + 1, Kx):
+            for j in (9, hi_p, hi_p + 2, hi_p + 4, hi_p + 6):
+                for sb in (1, -1):
+                    u = pow2(e0 - j)
+                    B = sb * pow2(e0)
+                    for t, nm in ((_isolate([u] * (n - 1) + [B], [n - 1], blk, Kx), "small-then-big"),
+                                  (_isolate([B] + [u] * (n - 1), [0], blk, Kx), "big-then-small")):
+                        ops = ctx.realizer.realize(t, K=Kx)
+                        if ops is not None:
+                            out.append(Probe(f"long K={Kx} {nm} n={n} j={j} {sb:+d}", "split_k",
+                                             f"K={Kx}: {nm}, big {_fr(B)}, small {_fr(u)}", ops, _pattern(t)))
+    # big terms at slice-sized positions with cancellation
+    K = ctx.K
+    e0 = ctx.bases(hi_p + 6)[0]
+    B = pow2(e0)
+    for S in (2, 4, 8, 16):
+        if K % S or K // S < 2:
+            continue
+        ks = K // S
+        for j in (hi_p - 2, hi_p + 2):
+            s = pow2(e0 - j)
+            terms = [Fraction(0)] * K
+            terms[ks - 1] = B
+            terms[ks] = s
+            terms[K - 1] = -B
+            out.append(ctx.make(terms, f"slice-cancel S={S} j={j}", "split_k",
+                                f"2^{e0} at {ks - 1}, {_fr(s)} at {ks}, -2^{e0} at {K - 1}", align="left"))
+            terms = [Fraction(0)] * K
+            terms[0] = s
+            terms[ks] = B
+            terms[K - 1] = -B
+            out.append(ctx.make(terms, f"slice-first S={S} j={j}", "split_k",
+                                f"{_fr(s)} at 0, 2^{e0} at {ks}, -2^{e0} at {K - 1}", align="left"))
+    return _keep(out)
+
+
+def subnormal_pool(ctx: ProbeContext) -> list:
+    out = []
+    for d in range(1, 30, 2):
+        for c in (Fraction(1), Fraction(3, 2)):
+            t = c * pow2(-126 - d)
+            out.append(ctx.make([t], f"subnormal d={d} c={c}", "acc_subnormal",
+                                f"one term {_fr(t)} below FP32's smallest normal"))
+            out.append(ctx.make([pow2(-125), -pow2(-125) + t], f"subnormal-diff d={d} c={c}",
+                                "acc_subnormal", "difference of two normals that lands below 2^-126",
+                                spread=True))
+    # subnormal operands (inputs): the product itself is normal
+    fa = ctx.fa
+    if fa.subnormals and fa.min_subnormal is not None and not ctx.caps.block_scaled:
+        x = fa.min_subnormal * 3 if fa.man_bits >= 2 else fa.min_subnormal
+        y = pow2(-floor_log2(x))
+        if _representable(y, ctx.fb):
+            out.append(ctx.make([(x, y)], "subnormal input", "input_subnormal",
+                                f"a subnormal operand {_fr(x)} times {_fr(y)}"))
+    return _keep(out)
+
+
+def alpha_pool(ctx: ProbeContext, seed: int = 7) -> list:
+    rng = np.random.default_rng(seed)
+    out = []
+    e0 = ctx.bases(12)[0]
+    for i in range(48):
+        sa = float(np.float32(rng.uniform(0.5, 2.0)))
+        sb = float(np.float32(rng.uniform(0.5, 2.0)))
+        if i % 4 == 0:
+            sb = float(np.float32(1 + 2.0 ** -23 * int(rng.integers(1, 64))))
+        m = int(rng.integers(1, 1 << 7)) * 2 + 1
+        terms = [pow2(e0), m * pow2(e0 - 9)]
+        out.append(ctx.make(terms, f"alpha {i}", "alpha_mode",
+                            "per-tensor / per-row factors whose product is inexact in FP32",
+                            alpha=(sa, sb), spread=True))
+    return _keep(out)
+
+
+def random_pool(ctx: ProbeContext, n: int, seed: int, kind: str = "mixed", K: int | None = None) -> list:
+    """Random dot products over the operand formats (checks and determinism)."""
+    from .validate import random_operands
+    rng = np.random.default_rng(seed)
+    K = K or ctx.K
+    out = []
+    for i in range(n):
+        k = ("normal", "heavy", "cancel")[i % 3] if kind == "mixed" else kind
+        a, b, sa, sb = random_operands(ctx.caps, 1, 1, K, rng, k)
+        ops = Operands(a[0], b[:, 0], None if sa is None else sa[0], None if sb is None else sb[:, 0],
+                       ctx.caps.block, None)
+        out.append(Probe(f"random {kind} {i}", "check", f"random {kind} operands, K={K}", ops,
+                         f"random {kind}"))
+    return out

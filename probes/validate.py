@@ -1,0 +1,216 @@
+"""Validation: the inferred model against the device on many random outputs, bit for bit.
+
+Operands are random values of the device's formats in three families: ``normal``
+(Gaussian, rounded to the format), ``heavy`` (Gaussian times 2^U(-spread, spread): wide
+exponent ranges) and ``cancel`` (pairs of products that nearly cancel, plus a few big
+terms).  Shapes include small M, N with large K, where libraries split K.  When a shape
+disagrees, split_k in {1, 2, 4, 8, 16} is tried on that batch and, if one fits, confirmed
+on a fresh batch (libraries choose split-K per shape); that per-shape split is reported.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reference.formats import get_format
+from reference.gemm import GemmModel
+
+from .device import Capabilities, Device, DeviceError
+from .sim import NAN_KEY, output_bits, round_float64, simulate_gemm
+
+__all__ = ["random_operands", "validate", "DEFAULT_SHAPES", "ValidationResult", "quantize"]
+
+# (M, N, K): >= 1e5 outputs together; small M, N with large K invite split-K.
+DEFAULT_SHAPES = ((256, 256, 64), (200, 100, 32), (128, 128, 256), (128, 64, 128), (96, 80, 48),
+                  (64, 64, 1024), (16, 16, 4096), (8, 8, 8192), (1, 64, 2048))
+KINDS = ("normal", "heavy", "cancel")
+
+
+def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
+    """Round float64 values to a format (RNE, saturating): decoded values, exact in it."""
+    spec = get_format(fmt)
+    x = np.asarray(x, np.float64)
+    if fmt == "float32":
+        return np.clip(x, -3e38, 3e38).astype(np.float32).astype(np.float64)
+    if fmt in ("bfloat16", "float16"):
+        lim = float(spec.max_finite)
+        return round_float64(np.clip(x, -lim, lim), fmt, 0)
+    if fmt == "tf32":
+        y = np.clip(x, -3e38, 3e38).astype(np.float32).astype(np.float64)
+        m, e = np.frexp(y)
+        return np.ldexp(np.round(m * 2.0 ** 11) / 2.0 ** 11, e)
+    vals = np.array(sorted(float(v) for _, v in spec.finite_values))
+    mag = np.clip(np.abs(x), 0, vals[-1])
+    i = np.clip(np.searchsorted(vals, mag), 1, len(vals) - 1)
+    lo, hi = vals[i - 1], vals[i]
+    pick = np.where(mag - lo <= hi - mag, lo, hi)
+    return np.where(x < 0, -pick, pick) if spec.signed else pick
+
+
+def _scale_values(fmt: str, lo_e: int, hi_e: int, rng, shape) -> np.ndarray:
+    spec = get_format(fmt)
+    vals = np.array([float(v) for _, v in spec.finite_values if v > 0]) if spec.nbits <= 16 else None
+    vals = vals[(vals >= 2.0 ** lo_e) & (vals <= 2.0 ** hi_e)]
+    return rng.choice(vals, size=shape)
+
+
+def random_operands(caps: Capabilities, M: int, N: int, K: int, rng, kind: str = "normal"):
+    """Decoded random operands (a [M,K], b [K,N], scales or None) of the device's formats."""
+    fa, fb = caps.a_format, caps.b_format
+
+    def draw(shape, fmt, spread):
+        spec = get_format(fmt)
+        x = rng.standard_normal(shape)
+        if spread:
+            x = x * np.exp2(rng.integers(-spread, spread + 1, size=shape))
+        top = float(spec.max_finite)
+        if spec.nbits > 8:
+            x = x * min(1.0, top / 1e6)
+        else:
+            x = x * (top / 8 if caps.block_scaled else top / 64)
+        return quantize(x, fmt)
+
+    if kind == "heavy":
+        sp = 6 if get_format(fa).nbits <= 8 else 24
+    else:
+        sp = 0
+    a = draw((M, K), fa, sp)
+    b = draw((K, N), fb, sp)
+    if kind == "cancel":
+        # pairs: a[2i+1] = -a[2i], b[2i+1] = b[2i] * (1 + tiny): products nearly cancel
+        a[:, 1::2] = -a[:, 0:K - K % 2:2]
+        pert = quantize(b[0::2, :][: K // 2] * (1 + 2.0 ** -rng.integers(3, 12, size=(K // 2, N))), fb)
+        b[1::2, :] = pert[: (K // 2)]
+        # a few big terms keep the accumulator's exponent high
+        big = rng.random((M, K)) < 0.02
+        a = np.where(big, quantize(a * 16, fa), a)
+    sa = sb = None
+    if caps.block_scaled:
+        nb = K // caps.block
+        lo, hi = (-4, 4) if kind != "heavy" else (-8, 8)
+        sa = _scale_values(caps.scale_format, lo, hi, rng, (M, nb))
+        sb = _scale_values(caps.scale_format, lo, hi, rng, (nb, N))
+    return a, b, sa, sb
+
+
+@dataclass
+class ValidationResult:
+    record: dict | None
+    per_shape: list = field(default_factory=list)   # {"shape", "outputs", "matches", "split_k"}
+    nondeterministic: bool = False
+    notes: list = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _keys(out: np.ndarray, fmt: str) -> np.ndarray:
+    return output_bits(out, fmt)
+
+
+def _codes(keys: np.ndarray, fmt: str) -> np.ndarray:
+    spec = get_format(fmt)
+    return np.where(keys == NAN_KEY, spec.nan_code, keys)
+
+
+def _fit_shape(shape, M, N, K, caps) -> tuple:
+    mm = caps.mn_multiple
+    K = -(-K // caps.k_step()) * caps.k_step() if K % caps.k_step() else K
+    return (-(-M // mm) * mm, -(-N // mm) * mm, min(K, caps.max_k - caps.max_k % caps.k_step()))
+
+
+def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: int = 0,
+             shapes=DEFAULT_SHAPES, repeat_check: bool = True, progress=None) -> ValidationResult:
+    """Compare ``model`` with ``device`` on at least ``outputs`` random outputs."""
+    from reports.schema import ValidationRecorder
+    t0 = time.perf_counter()
+    caps = device.caps
+    rng = np.random.default_rng(seed)
+    rec = ValidationRecorder(caps.output)
+    res = ValidationResult(None)
+    shapes = [_fit_shape(s, *s, caps) for s in shapes]
+    base = sum(M * N for M, N, _ in shapes)
+    scale = max(1, -(-outputs // base))
+    plan = []
+    for rep in range(scale):
+        for i, (M, N, K) in enumerate(shapes):
+            plan.append((M, N, K, KINDS[(i + rep) % len(KINDS)]))
+    done = 0
+    for n, (M, N, K, kind) in enumerate(plan):
+        if done >= outputs and n >= len(shapes):
+            break
+        a, b, sa, sb = random_operands(caps, M, N, K, rng, kind)
+        alpha = _random_alpha(caps, M, N, rng)
+        try:
+            got = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+            if repeat_check and n == 0:
+                again = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+                if not np.array_equal(got, again):
+                    res.nondeterministic = True
+                    res.notes.append(f"outputs differ between two identical calls at shape {(M, N, K)}")
+        except DeviceError as e:
+            res.notes.append(f"shape {(M, N, K)}: device error: {e}")
+            continue
+        exp = simulate_gemm(model, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+        used = model
+        if not np.array_equal(exp, got):
+            m_fit = _try_splits(model, a, b, sa, sb, caps, alpha, got)
+            if m_fit is not None:
+                # confirm the per-shape schedule on fresh operands; count only the fresh batch
+                a, b, sa, sb = random_operands(caps, M, N, K, rng, kind)
+                got = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+                exp = simulate_gemm(m_fit, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+                used = m_fit
+        bad = rec.add((M, N, K), _codes(exp, caps.output), _codes(got, caps.output))
+        res.per_shape.append({"shape": [M, N, K], "kind": kind, "outputs": int(M * N),
+                              "matches": int(M * N - bad), "split_k": int(used.split_k),
+                              "group_size": used.group_size})
+        done += M * N
+        if progress:
+            progress(done, outputs)
+    res.record = rec.to_dict() if rec.outputs else None
+    res.wall_s = time.perf_counter() - t0
+    return res
+
+
+def _random_alpha(caps, M, N, rng):
+    if caps.alpha == "none":
+        return None
+    f = lambda n: np.float32(rng.uniform(0.25, 4.0, n)).astype(np.float64)
+    if caps.alpha == "tensorwise":
+        return (float(f(1)[0]), float(f(1)[0]))
+    return (f(M), f(N))
+
+
+def _try_splits(model, a, b, sa, sb, caps, alpha, got):
+    """Per-shape schedule: the split of K (and the group size the kernel uses at this K)."""
+    K = a.shape[1]
+    gs = [model.group_size] + [None] + [1 << k for k in range(4, 14) if (1 << k) < K]
+    seen = set()
+    for S in (1, 2, 4, 8, 16):
+        if K % S:
+            continue
+        for G in gs:
+            if G is not None and G < model.fma_width:
+                continue
+            m = model.replace(split_k=S, group_size=G)
+            if m == model or m in seen:
+                continue
+            seen.add(m)
+            e = simulate_gemm(m, a[:8], b[:, :8], scales_a=None if sa is None else sa[:8],
+                              scales_b=None if sb is None else sb[:, :8], block=caps.block,
+                              alpha=_alpha_rows(alpha, 8))
+            if not np.array_equal(e, got[:8, :8]):
+                continue
+            e = simulate_gemm(m, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+            if np.array_equal(e, got):
+                return m
+    return None
+
+
+def _alpha_rows(alpha, n):
+    if alpha is None:
+        return None
+    sa, sb = alpha
+    f = lambda x: x if np.ndim(x) == 0 else np.asarray(x)[:n]
+    return (f(sa), f(sb))

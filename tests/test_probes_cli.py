@@ -1,0 +1,46 @@
+"""`fp4ref probe` end to end on CPU: report written, schema-valid, virtual device fits."""
+import json
+
+from probes import cli
+
+
+def test_probe_cli_virtual_and_report(tmp_path, capsys):
+    rc = cli.main(["--devices", "virtual-*", "--quick", "--out", str(tmp_path), "--validate-outputs", "2000",
+                   "--jobs", "1", "--no-html"])
+    assert rc == 0
+    reports = list(tmp_path.glob("*/*/report.json"))
+    assert len(reports) == 1
+    from reports.schema import load_report
+    r = load_report(reports[0])
+    dev = [d for d in r["devices"] if d["name"] == "virtual-nvfp4-probe_matched"][0]
+    assert dev["status"] == "fit" and dev["hardware_run"] is False
+    assert dev["model"]["fma_width"] == 64 and dev["model"]["group_size"] == 64
+    assert dev["model"]["outer_mode"] == "RTZ"
+    assert dev["validation"]["agreement_pct"] == 100.0
+    assert dev["probes"] and dev["scans"]
+    out = capsys.readouterr().out
+    assert "fp4ref probe" in out and "fit" in out
+
+
+def test_probe_cli_rejects_unknown_device(tmp_path):
+    assert cli.main(["--devices", "no-such-device", "--out", str(tmp_path)]) == 2
+
+
+def test_probe_cli_extra_device_that_crashes(tmp_path, monkeypatch):
+    import sys
+    import types
+    import numpy as np
+    from probes.device import Capabilities, Device
+    mod = types.ModuleType("probes_test_userdev")
+
+    def boom(a, b, **_):
+        raise RuntimeError("user kernel crashed")
+    mod.device = Device.wrap("user-boom", boom, Capabilities("float32", "float32"))
+    monkeypatch.setitem(sys.modules, "probes_test_userdev", mod)
+    rc = cli.main(["--extra", "probes_test_userdev:device", "--devices", "user-boom,virtual-*", "--quick",
+                   "--out", str(tmp_path), "--validate-outputs", "1000", "--jobs", "1", "--no-html"])
+    assert rc == 0
+    r = json.loads(next(tmp_path.glob("*/*/report.json")).read_text())
+    st = {d["name"]: d["status"] for d in r["devices"]}
+    assert st["user-boom"] == "error" and st["virtual-nvfp4-probe_matched"] == "fit"
+    _ = np
