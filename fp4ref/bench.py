@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
-import tempfile
 import traceback
 
 SECTIONS = {
@@ -18,21 +16,6 @@ SECTIONS = {
     "quant": "fp4ref.bench_quant",
     "gemm": "fp4ref.bench_gemm",
 }
-
-
-def _write_atomic(path: str, obj) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def main(argv=None) -> int:
@@ -63,7 +46,8 @@ def main(argv=None) -> int:
             print(json.dumps(r, default=str), flush=True)
         rows.extend(got)
     if args.out:
-        _write_atomic(args.out, {"device": device, "torch": torch.__version__,
+        from reports.schema import write_json_atomic
+        write_json_atomic(args.out, {"device": device, "torch": torch.__version__,
                                  "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
                                  "rows": rows})
     return 1 if failed else 0
