@@ -15,7 +15,6 @@ which a lone call of a ~50 us kernel cannot hide.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
@@ -41,14 +40,7 @@ def _timer(device, batch=1):
                 ts.append(a.elapsed_time(b) / 1e3 / batch)
             return statistics.median(ts)
     else:
-        def t(fn, reps):
-            fn()
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            return statistics.median(ts)
+        from fp4ref.bench_cast import _time_cpu as t  # one CPU timer for every bench section
     return t
 
 
