@@ -21,6 +21,11 @@ How exactness is kept (no float shortcut is ever trusted):
 * Rounding (any mode, any FormatSpec, IEEE overflow/underflow/flush and
   signed zeros) is integer shifts on the significand, the same rules as
   ``reference.rounding.encode`` with ``reference.gemm.round_fp``'s policies.
+* Alignment (``align_bits`` set): emax per output element and fused step is the
+  max over the nonzero terms of floor(log2|t|) from the integer form, or, under
+  ``align_ref`` EXPONENT_SUM, for products the sum of the factors' (and PRODUCT
+  block scales') floor(log2), precomputed per operand element and summed per
+  product next to the products themselves (same O(R * F) working set).
 * Fast paths, used only where they are provably identical: (1) a chunk of
   products whose operands are small integers (times per-row/column powers of
   two) is summed by a float64 matmul, exact because every partial sum is an
@@ -43,8 +48,8 @@ import torch
 
 from reference.errors import check_choice
 from reference.formats import FormatSpec, get_format
-from reference.gemm import (PRESETS, AlphaMode, GemmModel, ScalePoint, accumulator_format,
-                            get_preset)
+from reference.gemm import (PRESETS, AlignRef, AlphaMode, GemmModel, ScalePoint,
+                            accumulator_format, get_preset)
 from reference.rounding import Mode, Subnormal
 
 __all__ = ["emulate", "round_float", "GemmModel", "PRESETS", "get_preset", "INPUT_DTYPES"]
@@ -54,6 +59,8 @@ _I64 = torch.int64
 _W = 30                      # limb width of the wide accumulator
 _MASK = (1 << _W) - 1
 _BIG = 1 << 40               # exponent sentinel (far outside every real exponent)
+_NOEXP = -_BIG               # "no alignment exponent" (zero / non-finite factor); sums of up
+                             # to four stay below _NOEXP // 2
 
 
 # ---------------------------------------------------------------------------
@@ -474,11 +481,19 @@ def _add_round(x: _V, y: _V, f: _Fmt, mode: Mode) -> _V:
 # ---------------------------------------------------------------------------
 # the fused step
 # ---------------------------------------------------------------------------
-def _align_terms(N, E, align_bits: int, mode: Mode):
-    """Round each term to a multiple of 2**(emax - align_bits), emax over the row's nonzero terms."""
+def _align_terms(N, E, align_bits: int, mode: Mode, X=None):
+    """Round each term to a multiple of 2**(emax - align_bits), emax over the row's nonzero terms.
+
+    X [R, n - 1] (align_ref EXPONENT_SUM): the products' (columns 1..) alignment exponents, the
+    sums of their factors' floor(log2) (_NOEXP where a factor is zero or non-finite: the
+    product is then zero or special, so it takes no part); column 0, the accumulator, and
+    every term without X use their own floor(log2|t|)."""
     nz = N != 0
     mag = N.abs()
-    top = torch.where(nz, E + _bitlen(mag) - 1, -_BIG).amax(1, keepdim=True)
+    ex = E + _bitlen(mag) - 1
+    if X is not None:
+        ex = torch.cat([ex[:, :1], torch.where(X > _NOEXP // 2, X, ex[:, 1:])], 1)
+    top = torch.where(nz, ex, -_BIG).amax(1, keepdim=True)
     qexp = top - align_bits
     s = qexp - E
     n, _ = _rshift_round(mag, s.clamp(min=0), torch.zeros_like(nz), N < 0, mode)
@@ -493,9 +508,10 @@ class _Restart(Exception):
 
 
 def _fused_step(model: GemmModel, fa: _Fmt, acc: _V, P: _V, force_limbs=False,
-                strict_zero=False) -> _V:
+                strict_zero=False, X=None) -> _V:
     """acc [R] + products P [R, f]: one fused step (reference.gemm.fused_step).
 
+    X: the products' alignment exponents [R, f] under align_ref EXPONENT_SUM (None: VALUE).
     strict_zero: raise _Restart when a nonzero sum rounds to zero (its sign would then
     depend on zero products' signs, which pre-reduced chunks do not keep)."""
     N = torch.cat([acc.N[:, None], P.N], 1)
@@ -503,7 +519,7 @@ def _fused_step(model: GemmModel, fa: _Fmt, acc: _V, P: _V, force_limbs=False,
     negs = torch.cat([acc.neg[:, None], P.neg], 1)
     allzero = ~(N != 0).any(1)
     if model.align_bits is not None:
-        N, E = _align_terms(N, E, model.align_bits, model.align_mode)
+        N, E = _align_terms(N, E, model.align_bits, model.align_mode, X)
     mag, exp, sticky, neg, zero = _exact_sum(N, E, force_limbs)
     zneg = torch.where(allzero, _zero_sign(negs, model.norm_mode),
                        torch.full_like(allzero, model.norm_mode is Mode.RDN))
@@ -579,6 +595,14 @@ def _alpha_factors(alpha, M, N, device) -> list[torch.Tensor]:
             raise ValueError(f"{name}: non-finite value {float(t[bad][0])}; valid choices: finite numbers")
         out.append(t.contiguous())
     return out
+
+
+def _exp_of(v: _V) -> torch.Tensor:
+    """floor(log2|x|) elementwise; _NOEXP for zeros and specials."""
+    ok = v.N != 0
+    if v.kind is not None:
+        ok = ok & (v.kind == 0)
+    return torch.where(ok, v.E + _bitlen(v.N.abs()) - 1, _NOEXP)
 
 
 def _width(v: _V) -> int:
@@ -704,6 +728,13 @@ class _Ctx:
         self.finite = all(v is None or v.kind is None for v in (A, B, SA, SB))
         self.chunk = self._plan_chunk() if paths == "auto" else 0
         self.native = paths == "auto" and self._plan_native()
+        # align_ref EXPONENT_SUM: per-operand floor(log2|x|) ([M, K], [K, N], scales), summed
+        # per product in _products (O(MK + KN) here, O(R * F) per fused step)
+        self.xs = None
+        if model.align_bits is not None and model.align_ref is AlignRef.EXPONENT_SUM:
+            self.xs = [_exp_of(A), _exp_of(B)]
+            if SA is not None and model.scale_point is ScalePoint.PRODUCT:
+                self.xs += [_exp_of(SA), _exp_of(SB)]
 
     # --- fast path 1: chunks of products summed by an exact float64 matmul -----------
     def _plan_chunk(self) -> int:
@@ -798,8 +829,9 @@ class _Ctx:
             acc = acc + p.to(torch.float32)  # IEEE FP32 add: RNE of the exact sum
         return _from_float(acc.reshape(-1))
 
-    # products of columns [k0, k1) for rows A (sub-block) -> [R, f]
-    def _products(self, A: _V, SA, k0, k1) -> _V:
+    # products of columns [k0, k1) for rows A (sub-block) -> [R, f], and their alignment
+    # exponents [R, f] under align_ref EXPONENT_SUM (else None)
+    def _products(self, A: _V, SA, k0, k1) -> tuple[_V, torch.Tensor | None]:
         m = A.N.shape[0]
         n = self.Nn
         f = k1 - k0
@@ -827,7 +859,13 @@ class _Ctx:
             vsa = _V(bc_a(sa.N), bc_a(sa.E), bc_a(sa.neg), None if sa.kind is None else bc_a(sa.kind))
             vsb = _V(bc_b(sb.N), bc_b(sb.E), bc_b(sb.neg), None if sb.kind is None else bc_b(sb.kind))
             p = _mul_exact(p, _mul_exact(vsa, vsb))
-        return p
+        X = None
+        if self.xs is not None:
+            xa = self.xs[0][self.r0:self.r0 + m, k0:k1]
+            X = bc_a(xa) + bc_b(self.xs[1][k0:k1])
+            if len(self.xs) > 2:
+                X = X + bc_a(self.xs[2][self.r0:self.r0 + m][:, blk]) + bc_b(self.xs[3][blk])
+        return p, X
 
     def _group_scale(self, SA, g) -> _V:
         m = SA.N.shape[0]
@@ -903,8 +941,8 @@ class _Ctx:
                 P = self._chunk_terms(self.r0, self.r1, SA, j0, j1)
                 acc = _fused_step(m, self.fa, acc, P, strict_zero=True)
             else:
-                P = self._products(A, SA, j0, j1)
-                acc = _fused_step(m, self.fa, acc, P, limbs)
+                P, X = self._products(A, SA, j0, j1)
+                acc = _fused_step(m, self.fa, acc, P, limbs, X=X)
         return acc
 
     def _lattice(self, c: _V) -> _V:

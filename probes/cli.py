@@ -48,7 +48,40 @@ def _load_extra(spec: str):
     return obj() if callable(obj) and not hasattr(obj, "caps") else obj
 
 
-def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None) -> dict:
+def infer_shapes(dev, shapes, *, quick=False, seed=0, progress=None) -> tuple[dict, list]:
+    """Inference at each given (M, N, K) on its own.  Returns ({shape: model} for the shapes
+    that fit, report entries for all of them)."""
+    from .infer import Inference, short
+    models, entries = {}, []
+    for shp in shapes:
+        t0 = time.perf_counter()
+        if progress:
+            progress(stage=f"shape {shp}", candidates=1)
+        ent = {"shape": list(shp)}
+        try:
+            r = Inference(dev, quick=quick, seed=seed, shape=shp).run()
+        except Exception as e:  # e.g. a K this device cannot take
+            ent.update(status="error", error=f"{type(e).__name__}: {e}")
+            entries.append(ent)
+            continue
+        ent["status"] = r.status
+        if r.model is not None:
+            ent["model"] = r.model.to_dict()
+            ent["short"] = short(r.model)
+        if r.status == "fit":
+            models[tuple(shp)] = r.model
+        else:
+            ent["notes"] = r.notes[:4]
+            if getattr(r, "closest", None) is not None:
+                ent["closest"] = short(r.closest)
+        ent["probes_asked"] = len(r.asked)
+        ent["wall_s"] = round(time.perf_counter() - t0, 3)
+        entries.append(ent)
+    return models, entries
+
+
+def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, per_shape=True,
+                 max_shapes=4, shapes=None) -> dict:
     """Infer + validate one device; returns its report record (reports.schema device)."""
     from reports.schema import new_device
     from .infer import Inference, grid_summary, short
@@ -85,7 +118,15 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None) ->
     if res.status == "fit" and outputs > 0:
         if progress:
             progress(stage="validation", candidates=1)
-        v = validate(dev, res.model, outputs=outputs, seed=seed + 1)
+        vkw = {} if shapes is None else {"shapes": shapes}
+        v = validate(dev, res.model, outputs=outputs, seed=seed + 1, **vkw)
+        failing = sorted({tuple(s["shape"]) for s in v.per_shape if s["matches"] < s["outputs"]})
+        if failing and per_shape:
+            # libraries pick the kernel by shape: infer the shapes the model misses on their own
+            shape_models, extra["shape_models"] = infer_shapes(dev, failing[:max_shapes], quick=quick,
+                                                               seed=seed, progress=progress)
+            if shape_models:
+                v = validate(dev, res.model, outputs=outputs, seed=seed + 1, shape_models=shape_models, **vkw)
         rec["validation"] = v.record
         extra["per_shape"] = v.per_shape
         rec["notes"] += v.notes
@@ -96,6 +137,7 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None) ->
                 f"{list(k)} -> split_k={s}, group_size={g}" for k, (s, g) in sorted(split.items())))
         if v.nondeterministic:
             rec["status"] = "nondeterministic"
+        rec["extra"] = extra
         relabel_partial_fit(rec)
     rec["extra"] = extra
     rec["wall_s"] = time.perf_counter() - t0
@@ -103,15 +145,33 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None) ->
 
 
 def relabel_partial_fit(rec: dict) -> dict:
-    """A model that fits every probe but not every validated output is not a fit: the
-    device is reported no_fit, keeping that model as the closest candidate."""
+    """A model that fits every probe but not every validated output is not a fit.  If it
+    matches every output at some shapes (and the misses are whole shapes where the library
+    runs another kernel), the device is 'partial'; otherwise 'no_fit', keeping that model as
+    the closest candidate."""
     v = rec.get("validation") or {}
     if rec.get("status") == "fit" and v.get("outputs") and v.get("matches") != v.get("outputs"):
-        rec["status"] = "no_fit"
-        rec.setdefault("notes", []).append(
-            f"no model in the family fits every output: the model that fits every probe (shown) "
-            f"disagrees with {v['outputs'] - v['matches']} of {v['outputs']} random outputs "
-            f"({v.get('agreement_pct', 0):.3f}% agreement); see the mismatch table")
+        per = (rec.get("extra") or {}).get("per_shape") or []
+        shapes: dict = {}
+        for s in per:
+            ok, n = shapes.get(tuple(s["shape"]), (0, 0))
+            shapes[tuple(s["shape"])] = (ok + s["matches"], n + s["outputs"])
+        good = sorted(k for k, (ok, n) in shapes.items() if ok == n)
+        bad = sorted(k for k, (ok, n) in shapes.items() if ok != n)
+        if good and bad:
+            rec["status"] = "partial"
+            n_good = sum(shapes[k][1] for k in good)
+            rec.setdefault("notes", []).append(
+                f"partial: every one of {n_good} outputs at shapes {', '.join(map(str, map(list, good)))} "
+                f"matches bit for bit; at {', '.join(map(str, map(list, bad)))} the library runs another "
+                f"kernel that no model of the family fits ({v['outputs'] - v['matches']} of "
+                f"{v['outputs']} outputs differ); see shape_models and the mismatch table")
+        else:
+            rec["status"] = "no_fit"
+            rec.setdefault("notes", []).append(
+                f"no model in the family fits every output: the model that fits every probe (shown) "
+                f"disagrees with {v['outputs'] - v['matches']} of {v['outputs']} random outputs "
+                f"({v.get('agreement_pct', 0):.3f}% agreement); see the mismatch table")
     return rec
 
 

@@ -128,9 +128,12 @@ class Runner:
     and column i of B, and its output is C[i, i].  M and N are padded with zero rows and
     columns to ``caps.probe_mn`` / ``caps.mn_multiple``."""
 
-    def __init__(self, device: Device):
+    def __init__(self, device: Device, shape: tuple | None = None):
+        """``shape`` = (M, N): every call has exactly this M and N (libraries pick kernels by
+        shape), with at most min(M, N) probes on the diagonal."""
         self.device = device
         self.calls = 0
+        self.shape = None if shape is None else (int(shape[0]), int(shape[1]))
 
     def run(self, ops: list) -> np.ndarray:
         """Outputs (float64) of a list of sim.Operands, in order."""
@@ -142,9 +145,10 @@ class Runner:
             if caps.alpha == "tensorwise":
                 key += (tuple(op.alpha) if op.alpha else (1.0, 1.0),)
             buckets.setdefault(key, []).append(i)
+        per = caps.max_batch if self.shape is None else max(1, min(caps.max_batch, *self.shape))
         for key, idx in buckets.items():
-            for c0 in range(0, len(idx), caps.max_batch):
-                chunk = idx[c0:c0 + caps.max_batch]
+            for c0 in range(0, len(idx), per):
+                chunk = idx[c0:c0 + per]
                 vals = self._call([ops[i] for i in chunk])
                 out[chunk] = vals
         return out
@@ -153,15 +157,18 @@ class Runner:
         caps = self.device.caps
         n = len(ops)
         K = ops[0].K
-        mn = max(n, caps.probe_mn)
-        mn = -(-mn // caps.mn_multiple) * caps.mn_multiple
-        A = np.zeros((mn, K))
-        B = np.zeros((K, mn))
+        if self.shape is not None:
+            M, N = self.shape
+        else:
+            mn = max(n, caps.probe_mn)
+            M = N = -(-mn // caps.mn_multiple) * caps.mn_multiple
+        A = np.zeros((M, K))
+        B = np.zeros((K, N))
         kw = {}
         if caps.block_scaled:
             nb = K // caps.block
-            sa = np.ones((mn, nb))
-            sb = np.ones((nb, mn))
+            sa = np.ones((M, nb))
+            sb = np.ones((nb, N))
         for i, op in enumerate(ops):
             A[i] = op.a
             B[:, i] = op.b
@@ -174,8 +181,8 @@ class Runner:
             al = ops[0].alpha or (1.0, 1.0)
             kw["alpha"] = (float(al[0]), float(al[1]))
         elif caps.alpha == "rowwise":
-            ra = np.ones(mn)
-            rb = np.ones(mn)
+            ra = np.ones(M)
+            rb = np.ones(N)
             for i, op in enumerate(ops):
                 if op.alpha:
                     ra[i], rb[i] = op.alpha

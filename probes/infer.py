@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from reference.formats import get_format
-from reference.gemm import AlphaMode, GemmModel, ScalePoint
+from reference.gemm import AlignRef, AlphaMode, GemmModel, ScalePoint
 from reference.rounding import Mode, Subnormal
 
 from . import probes as P
@@ -60,7 +60,8 @@ def W_GRID(p: int):
 def grid_summary() -> dict:
     return {"output_mode": [m.name for m in ROUND_MODES], "lattice": "None or 2^-k, k=0..40",
             "acc_frac_bits": f"{P_GRID[0]}..{P_GRID[-1]}", "align_bits": "None or 12..acc_frac_bits+4",
-            "align_mode": [m.name for m in ALIGN_MODES], "norm_mode": [m.name for m in ROUND_MODES],
+            "align_mode": [m.name for m in ALIGN_MODES],
+            "align_ref": [r.name for r in AlignRef], "norm_mode": [m.name for m in ROUND_MODES],
             "fma_width": list(F_GRID), "group_size": "None or 2..K/2 (powers of 2, >= F)",
             "outer_mode": [m.name for m in ROUND_MODES], "split_k": list(SPLIT_GRID),
             "product_format": "None or float32 (products wider than FP32 only)",
@@ -133,6 +134,7 @@ def canonical(m: GemmModel, caps=None) -> GemmModel:
         kw["outer_mode"] = Mode.RNE             # one group: its FP32 rounding is exact
     if m.align_bits is None:
         kw["align_mode"] = Mode.RTZ             # nothing is aligned
+        kw["align_ref"] = AlignRef.VALUE
     if caps is not None:
         q = product_quantum(caps)
         if m.lattice is not None and m.lattice <= q:
@@ -167,7 +169,7 @@ def _pref(m: GemmModel):
     return (m.product_format is not None, m.lattice is not None, m.split_k,
             m.group_size is not None, m.group_size or 0,
             m.align_bits is not None, m.align_bits or 0, -m.acc_frac_bits, m.fma_width,
-            ALIGN_MODES.index(m.align_mode), mi[m.norm_mode], mi[m.outer_mode], mi[m.output_mode],
+            ALIGN_MODES.index(m.align_mode), m.align_ref is AlignRef.EXPONENT_SUM, mi[m.norm_mode], mi[m.outer_mode], mi[m.output_mode],
             m.acc_subnormal is Subnormal.FLUSH, m.scale_point is ScalePoint.GROUP,
             list(AlphaMode).index(m.alpha_mode))
 
@@ -175,7 +177,8 @@ def _pref(m: GemmModel):
 def short(m: GemmModel) -> str:
     """Compact one-line form: F16 W26:RTZ p23:RTZ G- S1 L- out:RNE."""
     parts = [f"F{m.fma_width}",
-             "W-" if m.align_bits is None else f"W{m.align_bits}:{m.align_mode.name}",
+             "W-" if m.align_bits is None else
+             f"W{m.align_bits}:{m.align_mode.name}{'' if m.align_ref is AlignRef.VALUE else ':esum'}",
              f"p{m.acc_frac_bits}:{m.norm_mode.name}"]
     parts.append("G-" if m.group_size is None else f"G{m.group_size}:{m.outer_mode.name}")
     if m.split_k != 1:
@@ -249,7 +252,9 @@ class Inference:
 
     def __init__(self, device: Device, *, quick: bool = False, seed: int = 0, batch: int = 8,
                  sample: int = 32, cand_sample: int = 600, progress: Callable | None = None,
-                 k_core: int | None = None, record_limit: int = 400):
+                 k_core: int | None = None, record_limit: int = 400, shape: tuple | None = None):
+        """``shape`` = (M, N, K): probe at exactly this GEMM shape (per-shape inference:
+        libraries choose the kernel, hence the model, by shape); K is then the probe length."""
         self.dev = device
         self.caps = device.caps
         self.quick = quick
@@ -259,12 +264,19 @@ class Inference:
         self.sample = sample
         self.cand_sample = cand_sample
         self.progress = progress or (lambda *a, **k: None)
-        self.runner = Runner(device)
+        self.runner = Runner(device, None if shape is None else shape[:2])
+        self.shape = shape
         step = self.caps.k_step()
         kc = k_core or (1024 if quick else 2048)
         kc = min(kc, self.caps.max_k)
         self.K = max(step, kc - kc % step)
-        self.ctx = P.ProbeContext(self.caps, self.K)
+        if shape is not None:
+            K = int(shape[2])
+            if K % (self.caps.block or self.caps.k_multiple) or K > self.caps.max_k:
+                raise ValueError(f"shape: K={K} is not a valid K for {device.name} (multiple of "
+                                 f"{self.caps.block or self.caps.k_multiple}, at most {self.caps.max_k})")
+            self.K = K
+        self.ctx = P.ProbeContext(self.caps, self.K, fixed_k=shape is not None)
         self.asked: list = []           # (Probe, key)
         self.records: list = []
         self.record_limit = record_limit
@@ -307,14 +319,18 @@ class Inference:
     def _expand_inner(self, S):
         out = []
         pfs = (None, "float32") if self.wide_products else (None,)
+        # block-scaled operands are realized through block scales, which fix neither factor's
+        # exponent: only the value reference is identifiable there
+        refs = (AlignRef.VALUE,) if self.caps.block_scaled else tuple(AlignRef)
         for m in S:
             for p in P_GRID:
                 for W in W_GRID(p):
                     for am in (ALIGN_MODES if W is not None else (Mode.RTZ,)):
-                        for nm in ROUND_MODES:
-                            for pf in pfs:
-                                out.append(_fast_replace(m, acc_frac_bits=p, align_bits=W, align_mode=am,
-                                                         norm_mode=nm, product_format=pf))
+                        for ar in (refs if W is not None else (AlignRef.VALUE,)):
+                            for nm in ROUND_MODES:
+                                for pf in pfs:
+                                    out.append(_fast_replace(m, acc_frac_bits=p, align_bits=W, align_mode=am,
+                                                             align_ref=ar, norm_mode=nm, product_format=pf))
         return out
 
     def _expand_width(self, S):

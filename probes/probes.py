@@ -258,6 +258,7 @@ class ProbeContext:
     K: int                         # probe length (K_core)
     realizer: Realizer = None
     acc_bits: tuple = (ACC_BITS_MIN, 23)   # plausible accumulator fraction bits (from survivors)
+    fixed_k: bool = False          # per-shape inference: every probe has exactly K terms
 
     def __post_init__(self):
         if self.realizer is None:
@@ -341,7 +342,7 @@ _REALIZERS: dict = {}
 
 def cached_pool(fn, ctx: "ProbeContext", *args) -> list:
     """Pools depend only on the formats, K and the accumulator range: build each once."""
-    key = (fn.__name__, ctx.caps, ctx.K, ctx.acc_bits, args)
+    key = (fn.__name__, ctx.caps, ctx.K, ctx.acc_bits, ctx.fixed_k, args)
     if key not in _POOLS:
         if (ctx.caps, ctx.K) in _REALIZERS:
             ctx.realizer = _REALIZERS[(ctx.caps, ctx.K)]
@@ -405,6 +406,21 @@ def inner_pool(ctx: ProbeContext, gap_max: int = 56) -> list:
                             out.append(ctx.make([s1 * f, t2], f"gap {fname} j={j} m={m} {s1:+d}{s2:+d}",
                                                 "inner", f"{_fr(s1 * f)} then {_fr(t2)}: alignment / "
                                                 "normalization of a term j bits below", spread=True))
+        # a product whose significands multiply to >= 2 (1.5 * 1.5 = 2.25): its value's
+        # exponent is one above the sum of its factors' exponents, so the alignment quantum
+        # differs by one bit between align_ref VALUE and EXPONENT_SUM.  The small term goes
+        # first: as the accumulator (F = 1) or in the same step (F >= 2) it meets the
+        # product's exponent sum alike, so these probes do not depend on F.
+        h = e0 // 2
+        x, y = Fraction(3, 2) * pow2(h), Fraction(3, 2) * pow2(e0 - h)
+        for j in range(1, gap_max + 1):
+            for s1 in (1, -1):
+                for s2 in (1, -1):
+                    t2 = s2 * pow2(e0 + 1 - j)
+                    out.append(ctx.make([t2, (s1 * x, y)], f"carry j={j} {s1:+d}{s2:+d}", "inner",
+                                        f"{_fr(t2)} then {_fr(s1 * x)}*{_fr(y)}: the alignment's "
+                                        "reference exponent (product value or exponent sum)",
+                                        spread=True))
         # cancellation: 2^e - (2^e - 2^(e-j)) leaves 2^(e-j) if the alignment keeps j bits
         for j in range(2, gap_max + 1):
             for s in (1, -1):
@@ -588,7 +604,7 @@ def long_pool(ctx: ProbeContext, nmin: int = 65) -> list:
                         out.append(ctx.make(t, f"long small-then-big n={n} B={_fr(Bs)} j={j} {su:+d}",
                                             "group_size/split_k", f"{n - 1} x {_fr(u)} then {_fr(Bs)}"))
     # split-K slices scale with K, groups do not: the same runs at K/2 and K/4
-    for Kx in (ctx.K // 2, ctx.K // 4):
+    for Kx in (() if ctx.fixed_k else (ctx.K // 2, ctx.K // 4)):
         if Kx < 64 or Kx % ctx.caps.k_step():
             continue
         e0 = ctx.bases(hi_p + 6)[0]

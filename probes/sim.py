@@ -166,8 +166,11 @@ def _to_f64(sp, neg, mag, q):
 
 
 # --- fused step -----------------------------------------------------------------------------
-def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False):
-    """acc: (sp, neg, mag, q) [R]; prods: same, [R, f]; per-row params [R]."""
+def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False, pe=None, ref=None):
+    """acc: (sp, neg, mag, q) [R]; prods: same, [R, f]; per-row params [R].
+
+    pe [R, f]: the products' exponent sums, used for alignment on rows where ``ref``
+    (align_ref EXPONENT_SUM) is set; None: every term aligns by its own exponent."""
     sp = np.concatenate([acc[0][:, None], prods[0]], axis=1)
     neg = np.concatenate([acc[1][:, None], prods[1]], axis=1)
     mag = np.concatenate([acc[2][:, None], prods[2]], axis=1)
@@ -193,6 +196,11 @@ def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False):
     live = ~special & ~allzero
     E = np.where(mag > 0, q + _bitlen(mag) - 1, np.iinfo(_I64).min // 4)
     emax = E.max(axis=1)
+    emax_al = emax
+    if pe is not None and ref is not None and ref.any():
+        Ea = E.copy()
+        Ea[:, 1:] = np.where(ref[:, None] & (mag[:, 1:] > 0), pe, E[:, 1:])
+        emax_al = Ea.max(axis=1)
     smag = np.where(neg, -mag, mag)
 
     aligned = W >= 0
@@ -200,7 +208,7 @@ def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False):
     all_al = bool(aligned.all())
     if any_al:
         # aligned rows: round each term to a multiple of 2^(emax - W)
-        qa = emax - np.where(aligned, W, 0)
+        qa = emax_al - np.where(aligned, W, 0)
         s = qa[:, None] - q
         left = mag << np.clip(-s, 0, 62)
         rq, _ = _shift_round(mag, s, am[:, None], neg)
@@ -303,6 +311,22 @@ def _fmt_spec(fmt: _Fmt):
     if fmt.p == 23 and fmt.emin == -126:
         return "float32"
     return rg.accumulator_format(fmt.p)
+
+
+def _esum(*factors) -> np.ndarray:
+    """Sum of floor(log2|x|) over the factors (int64; 0 where any factor is 0 or
+    non-finite: such products take no part in the alignment)."""
+    tot = 0
+    ok = True
+    for x in factors:
+        x = np.asarray(x, np.float64)
+        ok = ok & np.isfinite(x) & (x != 0)
+        tot = tot + (np.frexp(np.where(np.isfinite(x), x, 1.0))[1].astype(_I64) - 1)
+    return np.where(ok, tot, 0).astype(_I64)
+
+
+def _wants_esum(models) -> bool:
+    return any(m.align_ref is rg.AlignRef.EXPONENT_SUM and m.align_bits is not None for m in models)
 
 
 # --- post-accumulation stages on float64 ----------------------------------------------------
@@ -452,6 +476,8 @@ def _supported(model: rg.GemmModel, ops: Operands | None) -> bool:
                 return False
     if model.acc_frac_bits > 58 or (model.align_bits is not None and model.align_bits > 50):
         return False
+    if model.align_ref is rg.AlignRef.EXPONENT_SUM and model.align_bits is not None and model.align_bits > 44:
+        return False  # exponent sums may sit a few bits below the value: keep int64 headroom
     if model.product_format is not None and model.product_format not in ("float32", "bfloat16", "float16", "tf32"):
         return False
     return True
@@ -551,6 +577,15 @@ def _run_key(key, models: list, probes: list) -> np.ndarray:
         ops.setdefault(id(op), op)
     ulist = [ops[k] for k in uniq]
     P = np.stack([np.asarray(op.a, np.float64) * np.asarray(op.b, np.float64) for op in ulist])
+    PE = None
+    if _wants_esum(models):
+        fac = [np.stack([np.asarray(op.a, np.float64) for op in ulist]),
+               np.stack([np.asarray(op.b, np.float64) for op in ulist])]
+        if ulist[0].scales_a is not None and not grp:
+            blk = ulist[0].block
+            fac += [np.stack([np.repeat(np.asarray(op.scales_a, np.float64), blk) for op in ulist]),
+                    np.stack([np.repeat(np.asarray(op.scales_b, np.float64), blk) for op in ulist])]
+        PE = _esum(*fac)
     sab = None
     if ulist[0].scales_a is not None:
         sab = np.stack([np.asarray(op.scales_a, np.float64) * np.asarray(op.scales_b, np.float64)
@@ -568,10 +603,11 @@ def _run_key(key, models: list, probes: list) -> np.ndarray:
         offset = (first // unit) * unit
     P = P[:, offset:]
     parts = tuple(x[idx] for x in _split(P))  # split once per distinct probe, then gather
-    return _run_products(key, models, parts, None if sab is None else sab[idx])
+    return _run_products(key, models, parts, None if sab is None else sab[idx],
+                         None if PE is None else PE[:, offset:][idx])
 
 
-def _run_products(key, models: list, P: np.ndarray, scale_prod) -> np.ndarray:
+def _run_products(key, models: list, P: np.ndarray, scale_prod, pe=None) -> np.ndarray:
     """Accumulate exact products P [R, K] (block scales already applied unless GROUP).
 
     key = (F, K, grp, block[, G, S]); rows may differ in group size and split when F
@@ -600,6 +636,9 @@ def _run_products(key, models: list, P: np.ndarray, scale_prod) -> np.ndarray:
     flush = np.array([m.acc_subnormal is Subnormal.FLUSH for m in models])
     accfmt = _Fmt(pbits, -126, 127)
     rne = np.zeros(R, _I64)
+    ref = np.array([m.align_ref is rg.AlignRef.EXPONENT_SUM for m in models])
+    if pe is None or not ref.any():
+        pe, ref = None, None
 
     def step_fallback(r, parts):
         sp, neg, mag, q = parts
@@ -611,7 +650,7 @@ def _run_products(key, models: list, P: np.ndarray, scale_prod) -> np.ndarray:
     sched = [_schedule(m, K) for m in models]
     if len(key) > 4 or any(F != sc[0] for sc in sched):
         return _run_uneven(key, models, (psp, pneg, pmag, pq), scale_prod, W, am, nm, om, accfmt,
-                           flush, step_fallback)
+                           flush, step_fallback, pe, ref)
     Gr = np.array([sc[1] for sc in sched], _I64)
     ksr = np.array([K // sc[2] for sc in sched], _I64)
     zero = lambda n: (np.zeros(n, np.int8), np.zeros(n, bool), np.zeros(n, _I64), np.zeros(n, _I64))
@@ -634,7 +673,8 @@ def _run_products(key, models: list, P: np.ndarray, scale_prod) -> np.ndarray:
         j0 = j * F
         c0 = j0 - offset
         prods = (psp[:, c0:c0 + F], pneg[:, c0:c0 + F], pmag[:, c0:c0 + F], pq[:, c0:c0 + F])
-        acc = _fused_step(acc, prods, W, am, accfmt, nm, flush, step_fallback)
+        acc = _fused_step(acc, prods, W, am, accfmt, nm, flush, step_fallback,
+                          pe=None if pe is None else pe[:, c0:c0 + F], ref=ref)
         end = j0 + F
         slice_end = (end % ksr) == 0
         gend = slice_end | (((end % ksr) % Gr) == 0)
@@ -663,7 +703,8 @@ def _run_products(key, models: list, P: np.ndarray, scale_prod) -> np.ndarray:
     return _to_f64(*total)
 
 
-def _run_uneven(key, models, prods_all, scale_prod, W, am, nm, om, accfmt, flush, step_fallback):
+def _run_uneven(key, models, prods_all, scale_prod, W, am, nm, om, accfmt, flush, step_fallback,
+                pe=None, ref=None):
     psp, pneg, pmag, pq = prods_all
     F, G, S = _schedule(models[0], key[1])
     K = key[1]
@@ -684,7 +725,8 @@ def _run_uneven(key, models, prods_all, scale_prod, W, am, nm, om, accfmt, flush
             for j in range(g0, g1, F):
                 j1 = min(j + F, g1)
                 prods = (psp[:, j:j1], pneg[:, j:j1], pmag[:, j:j1], pq[:, j:j1])
-                acc = _fused_step(acc, prods, W, am, accfmt, nm, flush, step_fallback)
+                acc = _fused_step(acc, prods, W, am, accfmt, nm, flush, step_fallback,
+                                  pe=None if pe is None else pe[:, j:j1], ref=ref)
             if grp:
                 acc = _mul_round(acc, scale_prod[:, (g0 // block)], rne)
             if outer is None:
@@ -777,6 +819,13 @@ def simulate_gemm(model: rg.GemmModel, A: np.ndarray, B: np.ndarray, *, scales_a
         i = ii[c0:c0 + rows_per]
         j = jj[c0:c0 + rows_per]
         P = A[i, :] * B[:, j].T
+        PE = None
+        if _wants_esum([model]):
+            fac = [A[i, :], B[:, j].T]
+            if scales_a is not None and not grp:
+                fac += [np.repeat(np.asarray(scales_a, np.float64)[i, :], block, axis=1),
+                        np.repeat(np.asarray(scales_b, np.float64)[:, j].T, block, axis=1)]
+            PE = _esum(*fac)
         sab = None
         if scales_a is not None:
             sab = np.asarray(scales_a, np.float64)[i, :] * np.asarray(scales_b, np.float64)[:, j].T
@@ -784,7 +833,7 @@ def simulate_gemm(model: rg.GemmModel, A: np.ndarray, B: np.ndarray, *, scales_a
                 P = P * np.repeat(sab, block, axis=1)
                 sab = None
         models = [model] * len(i)
-        c = _run_products(key, models, P, sab)
+        c = _run_products(key, models, P, sab, PE)
         alphas = [None] * len(i) if alpha is None else [_alpha_ij(alpha, a, b) for a, b in zip(i, j)]
         flat[c0:c0 + len(i)] = _post(c, models, alphas)
     return out

@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 
 from reference.formats import get_format
-from reference.gemm import AlphaMode, GemmModel, ScalePoint
+from reference.gemm import AlignRef, AlphaMode, GemmModel, ScalePoint
 from reference.rounding import Mode, Subnormal
 
 from . import probes as P
@@ -68,6 +68,8 @@ def random_hidden(seed: int, quick: bool = True, gmax: int = 64, splits=(2,)):
         kw["product_format"] = "float32"
     if caps.block_scaled and G == caps.block and rng.random() < 0.5:
         kw["scale_point"] = ScalePoint.GROUP
+    if W is not None and not caps.block_scaled and rng.random() < 0.5:
+        kw["align_ref"] = AlignRef.EXPONENT_SUM  # Hopper tensor cores align this way
     return caps, canonical(GemmModel("hidden", **kw), caps)
 
 

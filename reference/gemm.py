@@ -19,8 +19,12 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
    ``outer_mode`` (cross-group rounding), in physical order.
 4. Fused step: terms = {accumulator} + F products.  With ``align_bits`` = None
    the terms are summed exactly; otherwise each term is rounded (``align_mode``)
-   to a multiple of 2**(emax - align_bits), emax = max floor(log2|t|) over the
-   non-zero terms (accumulator included).  The sum is then normalized once:
+   to a multiple of 2**(emax - align_bits), emax = the largest exponent over the
+   non-zero terms (accumulator included).  A term's exponent is floor(log2|t|)
+   (``align_ref`` VALUE), or for a product the sum of its factors' exponents
+   floor(log2|a|) + floor(log2|b|) (+ block scales'), as a multiplier array sees it
+   before normalizing the significand product (``align_ref`` EXPONENT_SUM: one less
+   than the value's exponent when that product is >= 2; Hopper tensor cores).  The sum is then normalized once:
    rounded with ``norm_mode`` to a float with ``acc_frac_bits`` fraction bits and
    FP32's exponent range (IEEE overflow, subnormals per ``acc_subnormal``).
 5. Lattice: c = L * RNE(c / L) when ``lattice`` is set.
@@ -45,13 +49,18 @@ from .exact import Exact, Kind, NAN, exact, floor_log2, pow2
 from .formats import FormatSpec, Specials, get_format
 from .rounding import Mode, Overflow, InfPolicy, NanPolicy, Policy, Subnormal, encode
 
-__all__ = ["ScalePoint", "AlphaMode", "GemmModel", "PRESETS", "get_preset", "dot", "matmul",
+__all__ = ["ScalePoint", "AlignRef", "AlphaMode", "GemmModel", "PRESETS", "get_preset", "dot", "matmul",
            "accumulator_format", "round_fp", "fused_step"]
 
 
 class ScalePoint(enum.Enum):
     PRODUCT = "product"  # block scales multiply each product (exact)
     GROUP = "group"      # block scales multiply the rounded group partial
+
+
+class AlignRef(enum.Enum):
+    VALUE = "value"                # floor(log2|t|) of every term
+    EXPONENT_SUM = "exponent_sum"  # products: sum of the factors' exponents (unnormalized)
 
 
 class AlphaMode(enum.Enum):
@@ -71,6 +80,7 @@ class GemmModel:
     fma_width: int = 1
     align_bits: int | None = None
     align_mode: Mode = Mode.RTZ
+    align_ref: AlignRef = AlignRef.VALUE
     acc_frac_bits: int = 23
     norm_mode: Mode = Mode.RNE
     acc_subnormal: Subnormal = Subnormal.KEEP
@@ -102,7 +112,7 @@ class GemmModel:
                 bad("lattice", self.lattice, "None or a positive rational")
             object.__setattr__(self, "lattice", lat)
         # Enums may arrive as names (e.g. from JSON).
-        for f, cls in (("align_mode", Mode), ("norm_mode", Mode), ("outer_mode", Mode),
+        for f, cls in (("align_mode", Mode), ("align_ref", AlignRef), ("norm_mode", Mode), ("outer_mode", Mode),
                        ("output_mode", Mode), ("acc_subnormal", Subnormal),
                        ("scale_point", ScalePoint), ("alpha_mode", AlphaMode)):
             object.__setattr__(self, f, parse_enum(f"GemmModel.{f}", getattr(self, f), cls))
@@ -146,8 +156,10 @@ class GemmModel:
         if self.align_bits is None:
             parts.append(f"{self.fma_width} product(s) + accumulator summed exactly per step")
         else:
+            ref = ("" if self.align_ref is AlignRef.VALUE
+                   else " (a product's exponent taken as the sum of its factors' exponents)")
             parts.append(f"{self.fma_width} product(s) + accumulator per fused step, aligned to the "
-                         f"largest exponent keeping {self.align_bits} fraction bits ({self.align_mode.name})")
+                         f"largest exponent{ref} keeping {self.align_bits} fraction bits ({self.align_mode.name})")
         parts.append(f"normalized to {self.acc_frac_bits} fraction bits with {self.norm_mode.name}")
         if self.group_size is not None:
             parts.append(f"groups of {self.group_size} products added into an FP32 accumulator "
@@ -244,8 +256,12 @@ def _align(t: Fraction, q: Fraction, mode: Mode) -> Fraction:
     return (n + 1) * q if up else n * q
 
 
-def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact]) -> Exact:
-    """One fused step: accumulator + up to F products, aligned, summed, normalized once."""
+def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact],
+               exps: Sequence[int | None] | None = None) -> Exact:
+    """One fused step: accumulator + up to F products, aligned, summed, normalized once.
+
+    ``exps``: the products' alignment exponents under ``align_ref`` EXPONENT_SUM (None:
+    each term's own floor(log2|t|))."""
     sp = _special_sum([acc, *products])
     if sp is not None:
         return sp
@@ -256,7 +272,9 @@ def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact]) -> Exact
         return Exact(Kind.FINITE, _zero_sign([acc.negative] + [p.negative for p in products],
                                              model.norm_mode))
     if model.align_bits is not None:
-        emax = max(floor_log2(abs(v)) for v in nz)
+        pe = [None] * len(products) if exps is None else list(exps)
+        emax = max(floor_log2(abs(v)) if e is None else e
+                   for v, e in zip(vals, [None] + pe) if v != 0)
         q = pow2(emax - model.align_bits)
         vals = [_align(v, q, model.align_mode) for v in vals]
     s = sum(vals, Fraction(0))
@@ -266,7 +284,8 @@ def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact]) -> Exact
     return round_fp(v, accumulator_format(model.acc_frac_bits), model.norm_mode, model.acc_subnormal)
 
 
-def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequence[Exact] | None) -> Exact:
+def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequence[Exact] | None,
+                  exps: Sequence[int | None] | None = None) -> Exact:
     G = model.group_size or max(len(prods), 1)
     F = model.fma_width
     outer: Exact | None = None
@@ -274,7 +293,8 @@ def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequen
         grp = prods[g0:g0 + G]
         acc = Exact(Kind.FINITE, False)
         for j in range(0, len(grp), F):
-            acc = fused_step(model, acc, grp[j:j + F])
+            ex = None if exps is None else exps[g0 + j:g0 + j + min(F, len(grp) - j)]
+            acc = fused_step(model, acc, grp[j:j + F], ex)
         if group_scales is not None:
             acc = _fp32(_mul(acc, group_scales[gi]))
         if outer is None:
@@ -327,6 +347,17 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
                                  f"({block}); got K={K}, split_k={model.split_k}")
             group_scales_all = sab
 
+    exps = None
+    if model.align_ref is AlignRef.EXPONENT_SUM:
+        # zero and non-finite products take no part in the alignment
+        def _e(xs):
+            return (sum(floor_log2(x.mag) for x in xs)
+                    if all(x.is_finite and x.mag != 0 for x in xs) else None)
+        factors = [[x, y] for x, y in zip(av, bv)]
+        if blocked and model.scale_point is ScalePoint.PRODUCT:
+            factors = [f + [exact(scales_a[k // block]), exact(scales_b[k // block])]
+                       for k, f in enumerate(factors)]
+        exps = [_e(f) for f in factors]
     S = model.split_k
     if K % S:
         raise ValueError(f"split_k: K={K} is not a multiple of split_k={S}")
@@ -337,7 +368,8 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
         if group_scales_all is not None:
             gpb = ks // block
             gs = group_scales_all[s * gpb:(s + 1) * gpb]
-        part = _reduce_slice(model, prods[s * ks:(s + 1) * ks], gs)
+        part = _reduce_slice(model, prods[s * ks:(s + 1) * ks], gs,
+                             None if exps is None else exps[s * ks:(s + 1) * ks])
         if total is None:
             total = part
         else:

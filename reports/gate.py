@@ -20,7 +20,7 @@ from .schema import NONFINITE_BUCKET
 __all__ = ["GateResult", "compare_reports", "STATUS_RANK"]
 
 # Higher is better.  Equal rank but different status (no_fit <-> nondeterministic) is a change.
-STATUS_RANK = {"fit": 3, "no_fit": 2, "nondeterministic": 2, "error": 1, "skipped": 0}
+STATUS_RANK = {"fit": 4, "partial": 3, "no_fit": 2, "nondeterministic": 2, "error": 1, "skipped": 0}
 _GOOD_TESTS = ("passed", "xfailed")
 
 

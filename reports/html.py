@@ -343,7 +343,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .banner.not-hardware{background:#fff8c5;border:2px solid #d4a72c;color:#4d2d00}
 .banner.error{background:#ffebe9;border:2px solid var(--bad);color:#82071e}
 .badge{display:inline-block;border-radius:10px;padding:0 9px;font-size:12.5px;font-weight:600;color:#fff;white-space:nowrap}
-.s-fit,.c-agree{background:var(--ok)}.s-no_fit,.c-disagree{background:var(--bad)}
+.s-fit,.c-agree{background:var(--ok)}.s-partial{background:#e8c46a}.s-no_fit,.c-disagree{background:var(--bad)}
 .s-nondeterministic{background:#8250df}.s-error{background:#a40e26}.s-skipped,.c-skipped{background:#6e7781}
 .hw-yes{background:var(--inf)}.hw-no{background:#bf8700}
 .device-card{border:1px solid var(--bd);border-radius:8px;padding:4px 18px 14px;margin:22px 0;box-shadow:0 1px 3px rgba(0,0,0,.05)}

@@ -18,6 +18,8 @@ _MODES = {
 STATUS_WORDS = {
     "fit": "a model in the family reproduces every validated output bit for bit",
     "no_fit": "no model in the family reproduces this GEMM; the evidence is below",
+    "partial": "the inferred model reproduces every output at some validated shapes; at the "
+               "others the library runs another kernel that no model of the family fits",
     "nondeterministic": "identical inputs gave different outputs between runs, so no "
                         "bit-exact model can describe it",
     "error": "the run failed before a model could be inferred",
@@ -37,7 +39,7 @@ _ALIASES = {"output_format": "output", "promote_interval": "group_size",
             "promotion_interval": "group_size", "output_rounding": "output_mode",
             "products": "product_format"}
 
-_KNOWN = ("name", "product_format", "fma_width", "align_bits", "align_mode", "acc_frac_bits",
+_KNOWN = ("name", "product_format", "fma_width", "align_bits", "align_mode", "align_ref", "acc_frac_bits",
           "norm_mode", "acc_subnormal", "group_size", "outer_mode", "scale_point", "lattice",
           "split_k", "alpha_mode", "output", "output_mode")
 
@@ -100,7 +102,9 @@ def describe_model(model: dict | None, status: str | None = None) -> list[str]:
             out.append(step + "; inside the step the sum is exact.")
         else:
             extra = f" ({W}+{ab - W})" if isinstance(W, int) and isinstance(ab, int) and ab > W else ""
-            out.append(step + f": every term is aligned to the largest exponent among them, keeping "
+            ref = (" (a product's exponent is the sum of its factors' exponents, taken before "
+                   "the significand product is normalized)" if m.get("align_ref") == "EXPONENT_SUM" else "")
+            out.append(step + f": every term is aligned to the largest exponent among them{ref}, keeping "
                        f"{ab}{extra} fraction bits; bits shifted out are "
                        f"{mode_words(m.get('align_mode', 'RTZ'))}.")
     if W is not None:
@@ -145,7 +149,8 @@ def one_line(model: dict | None) -> str:
     if m.get("fma_width") is not None:
         parts.append(f"F={m['fma_width']}")
     if m.get("align_bits") is not None:
-        parts.append(f"align={m['align_bits']} {_short_mode(m.get('align_mode', 'RTZ'))}")
+        parts.append(f"align={m['align_bits']} {_short_mode(m.get('align_mode', 'RTZ'))}"
+                     + (" esum" if m.get("align_ref") == "EXPONENT_SUM" else ""))
     if m.get("acc_frac_bits") is not None:
         parts.append(f"W={m['acc_frac_bits']} {_short_mode(m.get('norm_mode', 'RNE'))}")
     if m.get("group_size") is not None:

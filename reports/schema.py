@@ -41,7 +41,7 @@ CONFORMANCE_SCHEMA = "fp4ref.conformance"
 CONFORMANCE_SCHEMA_VERSION = 1
 
 DEVICE_KINDS = ("virtual", "cpu", "cuda", "blackwell-only")
-DEVICE_STATUSES = ("fit", "no_fit", "nondeterministic", "error", "skipped")
+DEVICE_STATUSES = ("fit", "partial", "no_fit", "nondeterministic", "error", "skipped")
 CELL_STATUSES = ("agree", "disagree", "skipped")
 TEST_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 NONFINITE_BUCKET = "nonfinite"  # ulp_histogram key for mismatches involving NaN
@@ -356,8 +356,8 @@ def _device_then(d, p, errs):
     st = d.get("status")
     if st == "error" and not (isinstance(d.get("error"), str) and d["error"].strip()):
         errs.append(f"{p}.error: status is 'error' so error must say what went wrong")
-    if st == "fit" and d.get("model") is None:
-        errs.append(f"{p}.model: status is 'fit' so the inferred model is required")
+    if st in ("fit", "partial") and d.get("model") is None:
+        errs.append(f"{p}.model: status is '{st}' so the inferred model is required")
     if d.get("kind") == "virtual" and d.get("hardware_run") is True:
         errs.append(f"{p}.hardware_run: a 'virtual' device cannot have run on hardware")
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from reference.gemm import AlphaMode, GemmModel, ScalePoint, dot
+from reference.gemm import AlignRef, AlphaMode, GemmModel, ScalePoint, dot
 from reference.rounding import Mode
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -152,6 +152,7 @@ def gemm_models(draw, blocked: bool = False):
         name="drawn", product_format=draw(st.sampled_from((None, None, "bfloat16", "float16",
                                                            "tf32", "float8_e4m3fn"))),
         fma_width=F, align_bits=align, align_mode=draw(st.sampled_from(modes_a)),
+        align_ref=draw(st.sampled_from(tuple(AlignRef))),
         acc_frac_bits=draw(st.sampled_from((2, 10, 13, 23, 24, 31, 52, 60))),
         norm_mode=draw(st.sampled_from(modes_r)),
         acc_subnormal=draw(st.sampled_from(("keep", "flush"))),

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from reference.gemm import PRESETS, GemmModel, ScalePoint
+from reference.gemm import PRESETS, AlignRef, GemmModel, ScalePoint
 from fp4ref.gemm import emulate, round_float
 
 from .gemm_helpers import (OPERAND_KINDS, matrices, mismatch, ref_matmul, same_bits,
@@ -71,10 +71,13 @@ def test_probe_matched_long_k(prob):
 
 
 @st.composite
-def family_point(draw):
+def family_point(draw, exponent_sum=False):
     from .gemm_helpers import gemm_models
     blocked = draw(st.booleans())
     model = draw(gemm_models(blocked))
+    if exponent_sum:  # a point where align_ref matters
+        model = model.replace(align_ref=AlignRef.EXPONENT_SUM,
+                              align_bits=draw(st.sampled_from((0, 1, 2, 3, 5, 8, 13, 25))))
     a, b, kw = draw(problem(blocked=blocked, kmax=64))
     K = a.shape[1]
     if blocked and model.scale_point is ScalePoint.GROUP:
@@ -100,6 +103,13 @@ def test_family_points(pt):
 
 
 @_slow
+@given(family_point(exponent_sum=True))
+def test_family_points_exponent_sum(pt):
+    model, a, b, kw = pt
+    _check(model, a, b, paths=("auto", "generic", "limbs"), **kw)
+
+
+@_slow
 @given(prob=problem(kmax=48), model=st.sampled_from(list(PRESETS.values())))
 def test_limb_accumulator_path(prob, model):
     """Every exact sum through the multi-limb accumulator (the huge-spread path)."""
@@ -122,6 +132,61 @@ def _check_plain(model, a, b, **kw):
     for p in ("auto", "generic", "limbs"):
         got = emulate(model, a, b, _paths=p, **kw)
         assert same_bits(got, want), f"{model.name} {p}: {mismatch(got, want)}"
+
+
+def _es_case(want_value, want_exponent_sum, a, b, **model_kw):
+    """Reference and emulator (every path) against hand-derived literals, both align_refs."""
+    kw = {k: model_kw.pop(k) for k in ("scales_a", "scales_b", "block") if k in model_kw}
+    for ref, want in ((AlignRef.VALUE, want_value), (AlignRef.EXPONENT_SUM, want_exponent_sum)):
+        model = GemmModel(align_ref=ref, **model_kw)
+        assert float(ref_matmul(model, a, b, **kw)[0, 0]) == want, (ref, model_kw)
+        for p in ("auto", "generic", "limbs"):
+            got = emulate(model, a, b, _paths=p, **kw)
+            assert float(got[0, 0]) == want, (ref, p, float(got[0, 0]), model_kw)
+
+
+def test_exponent_sum_alignment_literals():
+    """Worked by hand from SPEC step 4 (exponent of a product = floor(log2|a|) + floor(log2|b|)
+    (+ PRODUCT block scales'), one below the value's exponent when the significand product
+    is >= 2; the accumulator keeps floor(log2|acc|)); all align_mode RTZ."""
+    bf = torch.bfloat16
+    # 1.5*1.5 = 2.25 (value exp 1, exponent sum 0) and 0.25*0.25 = 2^-4 (exp -4) in one step
+    # (F=2), W=4.  VALUE: q = 2^(1-4) = 2^-3, 2^-4 truncates to 0 -> 2.25.  EXPONENT_SUM:
+    # q = 2^(0-4) = 2^-4, 2.25 = 36 q and 2^-4 = q both survive -> 2.3125.
+    a = torch.tensor([[1.5, 0.25]], dtype=bf)
+    b = torch.tensor([[1.5], [0.25]], dtype=bf)
+    _es_case(2.25, 2.3125, a, b, fma_width=2, align_bits=4)
+    # F=1: step 1 gives acc = 2.25 exactly (either way); step 2 aligns acc (value exp 1, never
+    # an exponent sum) with 2^-4: q = 2^-3, 2^-4 truncates -> 2.25 under both.
+    _es_case(2.25, 2.25, a, b, fma_width=1, align_bits=4)
+    # Signs: -2.25 and -2^-4 -> -2.25 (VALUE) / -2.3125 (EXPONENT_SUM); RTZ on magnitudes.
+    _es_case(-2.25, -2.3125, -a, b, fma_width=2, align_bits=4)
+    # A lone product truncated by its own window: 1.75*1.75 = 3.0625 = 11.0001b, W=4.
+    # VALUE: q = 2^(1-4) = 2^-3 -> 3.0.  EXPONENT_SUM: q = 2^(0-4) -> 3.0625 kept.
+    _es_case(3.0, 3.0625, torch.tensor([[1.75]], dtype=bf), torch.tensor([[1.75]], dtype=bf),
+             align_bits=4)
+    # A zero product takes no part: 0 * 2^100 next to 2.25 and 2^-4 changes nothing.
+    a3 = torch.tensor([[0.0, 1.5, 0.25]], dtype=bf)
+    b3 = torch.tensor([[2.0 ** 100], [1.5], [0.25]], dtype=bf)
+    _es_case(2.25, 2.3125, a3, b3, fma_width=4, align_bits=4)
+    # Block scales, PRODUCT: sa = 12 (floor log2 = 3), sb = 1.  Products 2.25*12 = 27 (value
+    # exp 4, exponent sum 0+0+3+0 = 3) and 2^-4*12 = 0.75 (exponent sum -4+3 = -1), W=4.
+    # VALUE: q = 2^0, 0.75 -> 0: 27.  EXPONENT_SUM: q = 2^-1, 0.75 -> 0.5: 27.5.
+    # (Were the scales left out of the sum, emax = 0, q = 2^-4: 27.75.)
+    sc = dict(scales_a=torch.tensor([[12.0]]), scales_b=torch.tensor([[1.0]]), block=2)
+    _es_case(27.0, 27.5, a, b, fma_width=2, align_bits=4, **sc)
+    # Block scales, GROUP: the scales multiply the group partial afterwards and take no part
+    # in the alignment: the inner step is the first case (2.25 / 2.3125), times 12 exactly.
+    _es_case(27.0, 27.75, a, b, fma_width=2, align_bits=4, group_size=2,
+             scale_point=ScalePoint.GROUP, **sc)
+    # Hopper bf16 shape (F=16, W=25 RTZ, normalize to 23 fraction bits RTZ): 2.25 plus 15
+    # products 2^-13 * 2^-12 = 2^-25.  VALUE: emax 1, q = 2^-24, every 2^-25 truncates -> 2.25.
+    # EXPONENT_SUM: emax 0, q = 2^-25, all kept: 2.25 + 15*2^-25 = 2.25 + 1.875*2^-22,
+    # RTZ on the 2^-22 grid of [2, 4) -> 2.25 + 2^-22.
+    ah = torch.tensor([[1.5] + [2.0 ** -13] * 15], dtype=bf)
+    bh = torch.tensor([[1.5]] + [[2.0 ** -12]] * 15, dtype=bf)
+    _es_case(2.25, 2.25 + 2.0 ** -22, ah, bh, fma_width=16, align_bits=25,
+             acc_frac_bits=23, norm_mode="RTZ")
 
 
 def test_ties_and_subnormals():

@@ -28,7 +28,8 @@ def _model(rng, block=None):
         split_k=int(rng.choice([1, 1, 2])),
         alpha_mode=rg.AlphaMode(rng.choice(["exact", "premultiplied", "sequential"])),
         output=str(rng.choice(["float32", "bfloat16", "float16"])), output_mode=NM[rng.integers(6)],
-        product_format=None if rng.random() < 0.8 else "float32")
+        product_format=None if rng.random() < 0.8 else "float32",
+        align_ref=rg.AlignRef.EXPONENT_SUM if rng.random() < 0.4 else rg.AlignRef.VALUE)
 
 
 def _vals(rng, K):
@@ -103,6 +104,31 @@ def test_simulate_gemm_equals_rows():
     rows = simulate([m] * 15, [Operands(A[i], B[:, j]) for i in range(5) for j in range(3)])
     assert np.array_equal(C.ravel(), rows)
     assert np.array_equal(output_bits(bits_to_float(C, "bfloat16"), "bfloat16"), C)
+
+
+def test_simulate_gemm_exponent_sum_equals_reference():
+    rng = np.random.default_rng(11)
+    m = rg.GemmModel(fma_width=8, align_bits=9, acc_frac_bits=13, norm_mode=Mode.RTZ,
+                     align_ref=rg.AlignRef.EXPONENT_SUM, group_size=32)
+    A = (rng.integers(8, 16, (4, 64)) * rng.choice([-1, 1], (4, 64)) / 8.0) * np.exp2(rng.integers(-6, 6, (4, 64)))
+    B = (rng.integers(8, 16, (64, 3)) / 8.0) * np.exp2(rng.integers(-6, 6, (64, 3)))
+    C = simulate_gemm(m, A, B)
+    for i in range(4):
+        for j in range(3):
+            assert C[i, j] == reference_key(m, Operands(A[i], B[:, j]))
+
+
+def test_exponent_sum_alignment_literal():
+    # 1.5 * 1.5 = 2.25: value exponent 1, exponent sum 0.  With W = 3 fraction bits the
+    # quantum is 2^-2 (VALUE) or 2^-3 (EXPONENT_SUM): the second product 2^-3 survives
+    # only in the latter.  Sums: 2.25 and 2.375, both exact in FP32.
+    a, b = np.array([1.5, 1.0]), np.array([1.5, 0.125])
+    base = rg.GemmModel(fma_width=2, align_bits=3, align_mode=Mode.RTZ, acc_frac_bits=23)
+    for ref, want in ((rg.AlignRef.VALUE, 2.25), (rg.AlignRef.EXPONENT_SUM, 2.375)):
+        m = base.replace(align_ref=ref)
+        key = simulate([m], [Operands(a, b)])[0]
+        assert bits_to_float(np.array([key]), "float32")[0] == want
+        assert float(rg.dot(m, list(a), list(b)).to_fraction()) == want
 
 
 def test_presets_on_a_known_sum():

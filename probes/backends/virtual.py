@@ -34,9 +34,11 @@ def mxfp4_caps(**kw) -> Capabilities:
 
 def virtual_device(model: GemmModel, caps: Capabilities, name: str | None = None, *,
                    nondeterministic: bool = False, noise: float = 0.0, variant: str | None = None,
-                   seed: int = 0, diag_only: bool = False) -> Device:
+                   seed: int = 0, diag_only: bool = False, by_shape=None) -> Device:
     """``diag_only`` (test speed): square calls compute only C[i, i]; the rest is NaN.
-    The prober's Runner reads only the diagonal of its probe calls."""
+    The prober's Runner reads only the diagonal of its probe calls.
+    ``by_shape(M, N, K)``: another model (or "pairwise", outside the family) for some
+    shapes, as a library that picks its kernel by shape; None keeps ``model``."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: unknown value {variant!r}; valid choices: {VARIANTS}")
     if model.output != caps.output:
@@ -45,6 +47,11 @@ def virtual_device(model: GemmModel, caps: Capabilities, name: str | None = None
 
     def fn(a, b, scales_a=None, scales_b=None, alpha=None):
         m = model
+        other = by_shape(a.shape[0], b.shape[1], a.shape[1]) if by_shape else None
+        if isinstance(other, str) and other == "pairwise":
+            return _pairwise(m, a, b, scales_a, scales_b, caps.block, alpha)
+        if other is not None:
+            m = other.replace(output=caps.output)
         if variant == "daz":
             a = _daz(a, caps.a_format)
             b = _daz(b, caps.b_format)

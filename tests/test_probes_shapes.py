@@ -1,0 +1,44 @@
+"""Per-shape inference: a library that runs another kernel at some shapes."""
+import numpy as np
+
+from probes.backends.virtual import virtual_device
+from probes.cli import probe_device
+from probes.device import Capabilities
+from probes.infer import canonical
+from reference.gemm import AlignRef, GemmModel
+from reference.rounding import Mode
+
+CAPS = Capabilities("bfloat16", "bfloat16", "float32", max_k=1024, max_batch=16)
+MAIN = GemmModel("hidden", fma_width=16, align_bits=25, align_mode=Mode.RTZ, align_ref=AlignRef.EXPONENT_SUM,
+                 acc_frac_bits=23, norm_mode=Mode.RTZ)
+OTHER = GemmModel("other", fma_width=4, align_bits=24, align_mode=Mode.RTZ, acc_frac_bits=23,
+                  norm_mode=Mode.RNE)
+SHAPES = ((32, 32, 64), (16, 16, 128), (8, 8, 512), (16, 16, 100))
+
+
+def _dev(other, ks=(512,)):
+    return virtual_device(MAIN, CAPS, "v-shapes", by_shape=lambda M, N, K: other if K in ks else None)
+
+
+def test_other_kernel_at_one_shape_is_inferred_there():
+    # K = 100 is not a multiple of 16: the shape's own probes must run at exactly that K
+    rec = probe_device(_dev(OTHER, (512, 100)), quick=True, outputs=3000, shapes=SHAPES)
+    assert rec["status"] == "fit", rec["notes"]
+    assert GemmModel.from_dict(rec["model"]) == canonical(MAIN.replace(name="inferred"), CAPS)
+    ents = rec["extra"]["shape_models"]
+    assert [e["shape"] for e in ents] == [[8, 8, 512], [16, 16, 100]]
+    for ent in ents:
+        assert ent["status"] == "fit", ent
+        assert (canonical(GemmModel.from_dict(ent["model"]), CAPS)
+                == canonical(OTHER.replace(name="inferred"), CAPS))
+    v = rec["validation"]
+    assert v["matches"] == v["outputs"]
+
+
+def test_shape_outside_the_family_makes_the_device_partial():
+    rec = probe_device(_dev("pairwise"), quick=True, outputs=3000, shapes=SHAPES)
+    assert rec["status"] == "partial", rec["notes"]
+    (ent,) = rec["extra"]["shape_models"]
+    assert ent["shape"] == [8, 8, 512] and ent["status"] == "no_fit"
+    per = {tuple(s["shape"]): s for s in rec["extra"]["per_shape"]}
+    assert all(s["matches"] == s["outputs"] for k, s in per.items() if k[2] != 512)
