@@ -960,8 +960,8 @@ class _Ctx:
     def _alpha(self, c: _V, factors) -> _V:
         fs = [_from_float(f) for f in factors]
         mode = self.m.alpha_mode
-        if mode is AlphaMode.SEQUENTIAL:
-            for f in fs:
+        if mode in (AlphaMode.SEQUENTIAL, AlphaMode.REVERSED):
+            for f in (fs if mode is AlphaMode.SEQUENTIAL else fs[::-1]):
                 c = _mul_round(c, f, _FP32, Mode.RNE)
             return c
         if mode is AlphaMode.PREMULTIPLIED:

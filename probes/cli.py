@@ -31,6 +31,12 @@ def _parser():
     p.add_argument("--extra", action="append", default=[],
                    help="module:attr of a user Device (or a callable returning one) to probe too")
     p.add_argument("--list", action="store_true", help="list detected devices and exit")
+    p.add_argument("--shape-budget-s", type=float, default=150.0,
+                   help="per-shape inference starts only within this many seconds of the run's "
+                        "start (keeps `make probe` inside its time budget; default 150)")
+    p.add_argument("--max-shapes", type=int, default=2, help="shapes inferred on their own per device")
+    p.add_argument("--time-limit-s", type=float, default=None,
+                   help="write the report after this many seconds; unfinished devices are reported as errors")
     p.add_argument("--no-html", action="store_true")
     return p
 
@@ -46,6 +52,29 @@ def _load_extra(spec: str):
     mod, _, attr = spec.partition(":")
     obj = getattr(importlib.import_module(mod), attr or "device")
     return obj() if callable(obj) and not hasattr(obj, "caps") else obj
+
+
+def precheck_shapes(dev, model, shapes=None, *, seed=0) -> list:
+    """Validation shapes where one heavy-tailed random batch disagrees with ``model`` and
+    no split of it (validate's per-shape schedules) explains the outputs."""
+    import numpy as np
+    from .validate import DEFAULT_SHAPES, _fit_shape, _random_alpha, _try_splits, random_operands
+    from .sim import output_bits, simulate_gemm
+    caps = dev.caps
+    rng = np.random.default_rng(seed)
+    out = []
+    for shp in sorted({_fit_shape(s, *s, caps) for s in (shapes or DEFAULT_SHAPES)}):
+        M, N, K = shp
+        a, b, sa, sb = random_operands(caps, M, N, K, rng, "heavy")
+        alpha = _random_alpha(caps, M, N, rng)
+        try:
+            got = output_bits(dev(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+        except Exception:
+            continue  # validation reports device errors
+        exp = simulate_gemm(model, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+        if not np.array_equal(exp, got) and _try_splits(model, a, b, sa, sb, caps, alpha, got) is None:
+            out.append(shp)
+    return out
 
 
 def infer_shapes(dev, shapes, *, quick=False, seed=0, progress=None) -> tuple[dict, list]:
@@ -81,7 +110,8 @@ def infer_shapes(dev, shapes, *, quick=False, seed=0, progress=None) -> tuple[di
 
 
 def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, per_shape=True,
-                 max_shapes=4, shapes=None) -> dict:
+                 max_shapes=2, shapes=None, shape_deadline=None) -> dict:
+    """``shape_deadline``: a time.time() after which no per-shape inference starts."""
     """Infer + validate one device; returns its report record (reports.schema device)."""
     from reports.schema import new_device
     from .infer import Inference, grid_summary, short
@@ -119,14 +149,18 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, pe
         if progress:
             progress(stage="validation", candidates=1)
         vkw = {} if shapes is None else {"shapes": shapes}
-        v = validate(dev, res.model, outputs=outputs, seed=seed + 1, **vkw)
-        failing = sorted({tuple(s["shape"]) for s in v.per_shape if s["matches"] < s["outputs"]})
-        if failing and per_shape:
-            # libraries pick the kernel by shape: infer the shapes the model misses on their own
-            shape_models, extra["shape_models"] = infer_shapes(dev, failing[:max_shapes], quick=quick,
-                                                               seed=seed, progress=progress)
-            if shape_models:
-                v = validate(dev, res.model, outputs=outputs, seed=seed + 1, shape_models=shape_models, **vkw)
+        shape_models = {}
+        if per_shape and shape_deadline is not None and time.time() > shape_deadline:
+            rec["notes"].append("per-shape inference skipped: the run's time budget was spent")
+            per_shape = False
+        if per_shape:
+            # libraries pick the kernel by shape: shapes the model misses on one batch (and no
+            # split of it explains) are inferred on their own before the full validation
+            failing = precheck_shapes(dev, res.model, shapes, seed=seed + 2)
+            if failing:
+                shape_models, extra["shape_models"] = infer_shapes(
+                    dev, failing[:max_shapes], quick=quick, seed=seed, progress=progress)
+        v = validate(dev, res.model, outputs=outputs, seed=seed + 1, shape_models=shape_models, **vkw)
         rec["validation"] = v.record
         extra["per_shape"] = v.per_shape
         rec["notes"] += v.notes
@@ -175,7 +209,7 @@ def relabel_partial_fit(rec: dict) -> dict:
     return rec
 
 
-def _worker(name, quick, outputs, seed, extra_spec=None):
+def _worker(name, quick, outputs, seed, extra_spec=None, shape_opts=None):
     """Child process: rebuild the device by name, probe it, return its record."""
     from .backends import detect
     if extra_spec:
@@ -190,7 +224,7 @@ def _worker(name, quick, outputs, seed, extra_spec=None):
             rec["error"] = d.reason if d else "device vanished"
             return rec
         dev = found[0].device
-    return probe_device(dev, quick=quick, outputs=outputs, seed=seed)
+    return probe_device(dev, quick=quick, outputs=outputs, seed=seed, **(shape_opts or {}))
 
 
 def main(argv=None) -> int:
@@ -241,7 +275,8 @@ def main(argv=None) -> int:
             rec["error"] = d.reason or None
             rec["notes"] = [d.reason] if d.reason else []
             records[d.name] = rec
-    jobs = args.jobs or min(8, os.cpu_count() or 1)
+    jobs = args.jobs or min(12, os.cpu_count() or 1)
+    shape_opts = {"max_shapes": args.max_shapes, "shape_deadline": time.time() + args.shape_budget_s}
     extra_map = dict(extras)
     done_rows = []
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -251,14 +286,17 @@ def main(argv=None) -> int:
         if jobs <= 1 or len(chosen) <= 1:
             for name in chosen:
                 prog.update(task, description=f"probing {name}")
-                records[name] = _safe_worker(name, args, outputs, extra_map.get(name))
+                records[name] = _safe_worker(name, args, outputs, extra_map.get(name), shape_opts)
                 prog.advance(task)
         else:
             import concurrent.futures as cf
             import multiprocessing as mp
-            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-                futs = {ex.submit(_worker, n, args.quick, outputs, args.seed, extra_map.get(n)): n for n in chosen}
-                for f in cf.as_completed(futs):
+            ex = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+            futs = {ex.submit(_worker, n, args.quick, outputs, args.seed, extra_map.get(n), shape_opts): n
+                    for n in chosen}
+            left = None if args.time_limit_s is None else max(1.0, args.time_limit_s - (time.perf_counter() - t0))
+            try:
+                for f in cf.as_completed(futs, timeout=left):
                     name = futs[f]
                     try:
                         records[name] = f.result()
@@ -268,6 +306,15 @@ def main(argv=None) -> int:
                         records[name] = rec
                     prog.update(task, description=f"done {name}")
                     prog.advance(task)
+            except cf.TimeoutError:  # report what finished; the rest is named, not lost
+                for f, name in futs.items():
+                    if not f.done():
+                        rec = new_device(name, "?", "cpu", hardware_run=False, status="error")
+                        rec["error"] = f"not finished within --time-limit-s {args.time_limit_s:g}"
+                        records[name] = rec
+                for p in list(getattr(ex, "_processes", {}).values()):
+                    p.terminate()
+            ex.shutdown(wait=False, cancel_futures=True)
     order = [d.name for d in found] + [n for n, _ in extras]
     report["devices"] = [records[n] for n in order if n in records]
     out = run_dir(args.out, environment=env)
@@ -288,9 +335,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def _safe_worker(name, args, outputs, extra_spec):
+def _safe_worker(name, args, outputs, extra_spec, shape_opts=None):
     try:
-        return _worker(name, args.quick, outputs, args.seed, extra_spec)
+        return _worker(name, args.quick, outputs, args.seed, extra_spec, shape_opts)
     except Exception as e:
         from reports.schema import new_device
         rec = new_device(name, "?", "cpu", hardware_run=False, status="error")

@@ -429,8 +429,8 @@ def _post(c: np.ndarray, models: Sequence[rg.GemmModel], alphas: Sequence) -> np
                         a = (a * F[:, k]).astype(np.float32).astype(np.float64)
                     v = v * a
                     out[rs] = np.where(np.isfinite(v), v.astype(np.float32).astype(np.float64), v)
-                elif mode is rg.AlphaMode.SEQUENTIAL:
-                    for k in range(nf):
+                elif mode in (rg.AlphaMode.SEQUENTIAL, rg.AlphaMode.REVERSED):
+                    for k in (range(nf) if mode is rg.AlphaMode.SEQUENTIAL else range(nf - 1, -1, -1)):
                         v = v * F[:, k]
                         v = np.where(np.isfinite(v), v.astype(np.float32).astype(np.float64), v)
                     out[rs] = v

@@ -29,7 +29,8 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
    FP32's exponent range (IEEE overflow, subnormals per ``acc_subnormal``).
 5. Lattice: c = L * RNE(c / L) when ``lattice`` is set.
 6. alpha (per-tensor or per-row/column scales): ``alpha_mode`` says how the
-   factors meet the accumulator.
+   factors meet the accumulator (one rounding, FP32-premultiplied, or one FP32
+   rounding per factor in order or in reverse order).
 7. Output: rounded to ``output`` with ``output_mode`` (IEEE overflow).
 
 Special values follow IEEE: any NaN product, inf * 0, or infinities of both
@@ -67,6 +68,8 @@ class AlphaMode(enum.Enum):
     EXACT = "exact"                # round(c * prod(alpha)) once
     PREMULTIPLIED = "premultiplied"  # alpha = fp32(prod of factors) first, then round(c * alpha)
     SEQUENTIAL = "sequential"      # round(round(c * a1) * a2) ...
+    REVERSED = "reversed"          # round(round(c * a2) * a1): the column scale first (H200
+                                   # torch._scaled_mm rowwise, measured)
 
 
 _ALIGN_MODES = (Mode.RTZ, Mode.RDN, Mode.RNE, Mode.RNA, Mode.RUP)
@@ -396,7 +399,7 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
             c = _mul(c, al)
             c = _fp32(c) if c.is_finite else c
         else:
-            for f in fs:
+            for f in (fs if model.alpha_mode is AlphaMode.SEQUENTIAL else fs[::-1]):
                 c = _mul(c, f)
                 c = _fp32(c) if c.is_finite else c
     return round_fp(c, model.output, model.output_mode)

@@ -87,6 +87,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="")
+    ap.add_argument("--random-alpha", action="store_true", help="random per-row/column or tensor scales")
+    ap.add_argument("--few", action="store_true", help="three small shapes only, no crafted probes")
     ap.add_argument("--modules", default="probes.backends.cuda,probes.backends.triton_fp8")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -103,7 +105,7 @@ def main():
         rec = {}
         rng = np.random.default_rng(1)
         K = max(256, caps.k_step())
-        cr = crafted(caps, K)
+        cr = [] if args.few else crafted(caps, K)
         ops = [Operands(a, b) for _, a, b in cr]
         try:
             outs = Runner(dev).run(ops)
@@ -118,7 +120,7 @@ def main():
         rec["crafted_b"] = np.array([np.pad(b[z], (0, 4 - len(z))) for z, (_, _, b) in zip(nz, cr)])
         rec["crafted_out"] = outs.astype(np.float32)
         n = 0
-        for (M, N, Kx) in SHAPES:
+        for (M, N, Kx) in (((64, 64, 64), (128, 128, 256), (64, 64, 1024)) if args.few else SHAPES):
             step = caps.k_step() if caps.k_multiple > 1 else 1
             if Kx % step or (caps.a_format in ("float32", "tf32") and M * N * Kx > 1 << 21):
                 continue
@@ -130,6 +132,11 @@ def main():
                 alpha = None
                 if caps.alpha == "tensorwise":
                     alpha = (1.0, 1.0)
+                if args.random_alpha and caps.alpha != "none":
+                    from probes.validate import _random_alpha
+                    alpha = _random_alpha(caps, M2, N2, np.random.default_rng(seed + 7))
+                    rec[f"r{n}_sa"] = np.asarray(alpha[0], np.float64)
+                    rec[f"r{n}_sb"] = np.asarray(alpha[1], np.float64)
                 try:
                     c = dev(a, b, alpha=alpha)
                     c2 = dev(a, b, alpha=alpha)

@@ -26,7 +26,7 @@ def _model(rng, block=None):
         group_size=G, outer_mode=NM[rng.integers(6)], scale_point=sp,
         lattice=None if rng.random() < 0.8 else Fraction(1, 2 ** int(rng.integers(0, 20))),
         split_k=int(rng.choice([1, 1, 2])),
-        alpha_mode=rg.AlphaMode(rng.choice(["exact", "premultiplied", "sequential"])),
+        alpha_mode=rg.AlphaMode(rng.choice(["exact", "premultiplied", "sequential", "reversed"])),
         output=str(rng.choice(["float32", "bfloat16", "float16"])), output_mode=NM[rng.integers(6)],
         product_format=None if rng.random() < 0.8 else "float32",
         align_ref=rg.AlignRef.EXPONENT_SUM if rng.random() < 0.4 else rg.AlignRef.VALUE)
@@ -139,3 +139,15 @@ def test_presets_on_a_known_sum():
     keys = simulate([rg.get_preset("exact"), rg.get_preset("fp32_sequential")], [Operands(np.array(a), np.array(b))] * 2)
     assert keys[0] == np.float32(1 + 2.0 ** -22).view(np.uint32)
     assert keys[1] == np.float32(1.0).view(np.uint32)
+
+
+def test_reversed_alpha_literal():
+    # c = 2^24 - 1, factors (3, 1.25).  In order: fp32(c*3) = 50331644 (ulp 4), then
+    # 50331644*1.25 = 62914555 -> 62914556.  Reversed: fp32(c*1.25) = 20971518 (ulp 2), then
+    # *3 = 62914554, a tie at ulp 4 -> even 62914552.
+    a, b = np.array([16777215.0]), np.array([1.0])
+    for mode, want in ((rg.AlphaMode.SEQUENTIAL, 62914556.0), (rg.AlphaMode.REVERSED, 62914552.0)):
+        m = rg.GemmModel(alpha_mode=mode)
+        key = simulate([m], [Operands(a, b, alpha=(3.0, 1.25))])[0]
+        assert bits_to_float(np.array([key]), "float32")[0] == want
+        assert float(rg.dot(m, list(a), list(b), alpha=[3.0, 1.25]).to_fraction()) == want
