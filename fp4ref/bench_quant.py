@@ -90,18 +90,19 @@ def run(device=None) -> list[dict]:
     if fused:
         from .quant.nvfp4 import s_enc_params
         amax = TQ.amax(x)
-
-        def nv_current():
-            a = TQ.amax(x)
-            _, dec, mult = s_enc_params(a, 448.0)
-            return TQ.two_level_1x16(x, torch.stack((mult, dec)), "ue4m3", False)
-
         _, dec, mult = s_enc_params(amax, 448.0)
         p_nv = torch.stack((mult, dec))
         _, dec5, mult5 = s_enc_params(amax, 448.0)
         p_ue = torch.stack((mult5, dec5))
+        # the library's current-scaling path: amax partials, then amax + S_enc in one
+        # program, then the fused quantize (three launches, no host sync)
         add("fp4ref NVFP4 te_nvfp4 1x16, current scaling (Triton: amax pass + fused quantize)",
-            nv_current, 2 * N * 2 + out_nv, N * 2 + out_nv)
+            lambda: FN.quantize_packed(x, "te_nvfp4"), 2 * N * 2 + out_nv, N * 2 + out_nv,
+            "nvfp4.quantize_packed: packed codes")
+        add("fp4ref NVFP4 te_nvfp4 1x16, current scaling, unpacked codes (Triton)",
+            lambda: FN.quantize(x, "te_nvfp4", backend="triton"), 2 * N * 2 + out_nv + N,
+            N * 2 + out_nv, "nvfp4.quantize: BlockScaledTensor, one code byte per element "
+            "(unpacking is extra torch ops)")
         add("fp4ref NVFP4 te_nvfp4 1x16, amax given (Triton fused, one pass)",
             lambda: TQ.two_level_1x16(x, p_nv, "ue4m3", False), N * 2 + out_nv, N * 2 + out_nv)
         add("fp4ref UE5M3 B=16 T=448, cached amax (Triton fused, one pass)",

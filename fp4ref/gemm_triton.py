@@ -101,7 +101,8 @@ def _lut(fmt: str, device) -> torch.Tensor:
     return _LUTS[key]
 
 
-def _codes(name: str, x: torch.Tensor, rows: int | None, K: int | None) -> torch.Tensor:
+def _codes(name: str, x: torch.Tensor, rows: int | None, K: int | None,
+           checks: list | None = None) -> torch.Tensor:
     """e2m1 codes as uint8 [rows, K]: accepts one code per byte, or packed bytes
     (uint8 [rows, K/2] / float4_e2m1fn_x2), low nibble first."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -117,8 +118,10 @@ def _codes(name: str, x: torch.Tensor, rows: int | None, K: int | None) -> torch
                          "(one per byte or two per byte), torch.float4_e2m1fn_x2")
     if packed:
         x = torch.stack((x & 0xF, x >> 4), -1).reshape(x.shape[0], -1)
-    elif x.numel() and int(x.max()) > 15:
-        raise ValueError(f"{name}: codes must be 4-bit e2m1 codes (0..15) when unpacked")
+    elif checks is None:
+        _check_max([(name, x, 16, "e2m1")])
+    else:
+        checks.append((name, x, 16, "e2m1"))
     if rows is not None and x.shape[0] != rows:
         raise ValueError(f"{name}: expected {rows} rows, got {x.shape[0]}")
     if K is not None and x.shape[1] != K:
@@ -126,7 +129,8 @@ def _codes(name: str, x: torch.Tensor, rows: int | None, K: int | None) -> torch
     return x.contiguous()
 
 
-def _scale_codes(name: str, s: torch.Tensor, sfmt: str) -> torch.Tensor:
+def _scale_codes(name: str, s: torch.Tensor, sfmt: str, checks: list | None = None) -> torch.Tensor:
+    """Scale codes as uint8; the range check goes into ``checks`` (one sync later) if given."""
     if not isinstance(s, torch.Tensor) or s.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D tensor of {sfmt} scale codes, got "
                          f"{getattr(s, 'shape', type(s).__name__)}")
@@ -140,11 +144,26 @@ def _scale_codes(name: str, s: torch.Tensor, sfmt: str) -> torch.Tensor:
         raise ValueError(f"{name}: dtype {s.dtype} holds {implied} scales but the scale format is "
                          f"{sfmt}; valid choices: uint8 codes or the matching float8 dtype")
     s = s.view(torch.uint8) if s.dtype != torch.uint8 else s
-    nc = get_format(sfmt).ncodes
-    if s.numel() and int(s.max()) >= nc:
-        raise ValueError(f"{name}: {sfmt} codes must lie in [0, {nc - 1}] (sign bit 0), "
-                         f"got {int(s.max())}")
+    if checks is None:
+        _check_max([(name, s, get_format(sfmt).ncodes, sfmt)])
+    else:
+        checks.append((name, s, get_format(sfmt).ncodes, sfmt))
     return s.contiguous()
+
+
+def _check_max(checks):
+    """Raise for the first (name, codes, limit, fmt) whose codes reach limit; one host sync
+    for all of them."""
+    checks = [c for c in checks if c[1].numel()]
+    if not checks:
+        return
+    mx = torch.stack([c[1].max() for c in checks]).tolist()   # all uint8
+    for (name, _, lim, fmt), m in zip(checks, mx):
+        if m >= lim and fmt == "e2m1":
+            raise ValueError(f"{name}: codes must be 4-bit e2m1 codes (0..15) when unpacked")
+        if m >= lim:
+            raise ValueError(f"{name}: {fmt} codes must lie in [0, {lim - 1}] (sign bit 0), "
+                             f"got {m}")
 
 
 def decode_operand(codes: torch.Tensor, scales: torch.Tensor, fmt: str = "nvfp4", *,
@@ -247,8 +266,9 @@ def _build():
         return tl.dot(a, b)
 
     @triton.jit
-    def _pair_kernel(A, B, C, tiles, M, N, K: tl.constexpr, NT,
-                     BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr):
+    def _pair_kernel(A, B, C, tiles, M, N, K: tl.constexpr, NT, alpha,
+                     BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr,
+                     ALPHA: tl.constexpr):
         pid = tl.program_id(0)
         rm, rn = _tile(tiles, pid, M, N, NT, BM, BN)
         rk = tl.arange(0, 32)
@@ -267,12 +287,15 @@ def _build():
             t0 = _dot(a0, b0, F32)
             t1 = _dot(a1, b1, F32)
             outer = _add_rz(outer, _add_rn(t0, t1, not F32), RZ)
+        if ALPHA:
+            outer = outer * alpha
         cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
         tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
 
     @triton.jit
-    def _block_kernel(A, B, C, MA, QB, tiles, M, N, K: tl.constexpr, NT, NG,
-                      BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr):
+    def _block_kernel(A, B, C, MA, QB, tiles, M, N, K: tl.constexpr, NT, NG, alpha,
+                      BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr,
+                      ALPHA: tl.constexpr):
         pid = tl.program_id(0)
         rm, rn = _tile(tiles, pid, M, N, NT, BM, BN)
         rk = tl.arange(0, 16)
@@ -298,12 +321,15 @@ def _build():
                 r = r2
             s = (r - m0) + lo                         # one RNE rounding of the exact sum
             outer = _add_rz(outer, s, RZ)
+        if ALPHA:  # the epilogue's scalar alpha, one FP32 RNE product (no add follows: no FMA)
+            outer = outer * alpha
         cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
         tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
 
     @triton.jit
-    def _mx_kernel(A, B, C, FA, FB, tiles, M, N, K: tl.constexpr, NT, NB,
-                   BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr):
+    def _mx_kernel(A, B, C, FA, FB, tiles, M, N, K: tl.constexpr, NT, NB, alpha,
+                   BM: tl.constexpr, BN: tl.constexpr, RZ: tl.constexpr, F32: tl.constexpr,
+                   ALPHA: tl.constexpr):
         pid = tl.program_id(0)
         rm, rn = _tile(tiles, pid, M, N, NT, BM, BN)
         rk = tl.arange(0, 32)
@@ -324,6 +350,8 @@ def _build():
                 t = _dot(a, b, F32) * (fa[:, None] * fb[None, :])  # exact (range-checked)
                 s = _add_rn(s, t, not F32)                         # t0 + t1: one RNE rounding
             outer = _add_rz(outer, s, RZ)
+        if ALPHA:  # the epilogue's scalar alpha, one FP32 RNE product (no add follows: no FMA)
+            outer = outer * alpha
         cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
         tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
 
@@ -435,8 +463,12 @@ class _Op:
         return self.values()
 
 
-def _prep(name, codes, scales, sfmt, block, rows=None) -> _Op:
-    s = _scale_codes(f"{name}_scales", scales, sfmt)
+def _prep(name, codes, scales, sfmt, block, rows=None, checks=None) -> _Op:
+    """checks: a list the code-range checks are appended to, run by the caller's
+    ``_check_max`` (one host sync for both operands) before any table look-up."""
+    own = checks is None
+    checks = [] if own else checks
+    s = _scale_codes(f"{name}_scales", scales, sfmt, checks)
     if isinstance(codes, torch.Tensor) and codes.dim() == 2 and codes.dtype == torch.uint8 \
             and codes.shape[1] * 2 == s.shape[1] * block and codes.shape[0] == s.shape[0]:
         packed = True
@@ -451,16 +483,26 @@ def _prep(name, codes, scales, sfmt, block, rows=None) -> _Op:
         c = codes.view(torch.uint8).contiguous()
         K = 2 * c.shape[1]
     else:
-        c = _codes(f"{name}_codes", codes, None, None)
+        c = _codes(f"{name}_codes", codes, None, None, checks)
         K = c.shape[1]
     if K % block:
         raise ValueError(f"{name}_codes: K={K} is not a multiple of block={block}")
     if tuple(s.shape) != (c.shape[0], K // block):
         raise ValueError(f"{name}_scales: shape {tuple(s.shape)} does not match "
                          f"[rows, K // block] = [{c.shape[0]}, {K // block}]")
-    sv = _lut(sfmt, s.device)[s.long()]
-    bad = ~torch.isfinite(sv).all(1)
-    return _Op(c, packed, s, sfmt, K, sv, bad)
+    op = _Op(c, packed, s, sfmt, K, None, None)
+    if own:
+        _check_max(checks)
+        _finish(op)
+    return op
+
+
+def _finish(op: _Op) -> _Op:
+    """Decoded scales and special rows, once the codes are checked (look-ups need them
+    in range)."""
+    op.scales = _lut(op.sfmt, op.scode.device)[op.scode.long()]
+    op.bad = ~torch.isfinite(op.scales).all(1)
+    return op
 
 
 _AUX: dict = {}
@@ -468,9 +510,14 @@ _AUX: dict = {}
 
 def _aux(kind: str, sfmt: str, device) -> torch.Tensor:
     """Small per-code tables: "sane" (scale value, 0 where not finite), "ue" (unit exponent of
-    a finite nonzero scale, int64), "sq" (float32 square of an e2m1 value, per code), "sqb"
+    a finite nonzero scale, int64), "sane64" / "ue1" (|sane| as float64, ue - 1), "sq"
+    (float32 square of an e2m1 value, per code), "sqb"
     (per packed byte: square of the low plus the high nibble's value; exact)."""
     key = (kind, sfmt, str(device))
+    if key not in _AUX and kind in ("sane64", "ue1"):   # |sane| as float64; ue - 1
+        t = _aux("sane", sfmt, "cpu").double().abs() if kind == "sane64" else \
+            _aux("ue", sfmt, "cpu") - 1
+        _AUX[key] = t.to(device)
     if key not in _AUX:
         if kind in ("sane", "ue"):
             v = _lut(sfmt, "cpu")
@@ -547,12 +594,10 @@ def _side_bounds(op: _Op, sq: torch.Tensor, block: int, T: int):
     ``sq``: the exact per-block sums of squares (float32 [R, nb])."""
     R, nb = op.scode.shape
     sc = op.scode.long()
-    s = _aux("sane", op.sfmt, sc.device)[sc]
-    X = s.double().abs() * torch.sqrt(sq.double()) * (1 + 2.0 ** -40)
-    live = (X > 0)
-    ue = torch.where(live, _aux("ue", op.sfmt, sc.device)[sc] - 1,
-                     torch.full_like(X, 1 << 20, dtype=torch.int64))
-    X = torch.where(live, X, torch.zeros_like(X))
+    # |s| as float64 and (unit exponent - 1) by table look-ups (tables made once per code)
+    X = _aux("sane64", op.sfmt, sc.device)[sc] * torch.sqrt(sq.double()) * (1 + 2.0 ** -40)
+    # X >= +0 and finite (|s| and sq are), so it is +0 exactly where not live
+    ue = torch.where(X > 0, _aux("ue1", op.sfmt, sc.device)[sc], 1 << 20)
     pad = (-R) % T
     if pad:
         X = torch.cat([X, X.new_zeros(pad, nb)])
@@ -603,10 +648,11 @@ def _route(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa=None, sqb=None):
     MY = XB.view(-1, NG, 4).amax(-1)                           # [Np, NG]
     uga = ua.view(-1, NG, 4).amin(-1)
     ugb = ub.view(-1, NG, 4).amin(-1)
-    qa = torch.where(SX > 0, _ceil_log2(SX) - 21, torch.full_like(uga, -30))
-    qb = torch.where(MY > 0, _ceil_log2(MY), torch.zeros_like(ugb))
-    ra = torch.where(SX > 0, qa - uga, torch.full_like(qa, -(1 << 20)))
-    rb = torch.where(MY > 0, qb - ugb, torch.full_like(qb, -(1 << 20)))
+    sa_live, mb_live = SX > 0, MY > 0
+    qa = torch.where(sa_live, _ceil_log2(SX) - 21, -30)
+    qb = torch.where(mb_live, _ceil_log2(MY), 0)
+    ra = torch.where(sa_live, qa - uga, -(1 << 20))
+    rb = torch.where(mb_live, qb - ugb, -(1 << 20))
     raT = ra.view(Mt, BM, NG).amax(1)
     rbT = rb.view(Nt, BN, NG).amax(1)
     qaT_hi = qa.view(Mt, BM, NG).amax(1)
@@ -784,14 +830,18 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
         force = os.environ.get("FP4REF_GEMM_FORCE") or None  # pair dots prove inexact
     if force is not None:
         check_choice("force", force, ("pair", "block", "fix"))
-    A = _prep("a", a_codes, a_scales, sfmt, block)
-    B = _prep("b", b_codes, b_scales, sfmt, block)
+    checks = []   # code-range checks of both operands: one host sync
+    A = _prep("a", a_codes, a_scales, sfmt, block, checks=checks)
+    B = _prep("b", b_codes, b_scales, sfmt, block, checks=checks)
     M, K = A.R, A.K
     N = B.R
     if B.K != K:
         raise ValueError(f"b_codes: K={B.K} differs from a_codes' K={K}")
     if A.codes.device != B.codes.device:
         raise ValueError(f"b_codes: device {B.codes.device} differs from a_codes' {A.codes.device}")
+    _check_max(checks)
+    _finish(A)
+    _finish(B)
     dev = A.codes.device
     factors = _alpha_list(alpha, M, N, dev)
     interp = _interpret()
@@ -858,20 +908,26 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
             n_fix > 0)
     n_p, n_b = ptiles.numel(), btiles.numel()
     need_zero = bool(nra or nrb or n_fix)
+    # a scalar alpha goes into the kernels' store when nothing comes after them (no fixup,
+    # no lattice): saves one full pass over C
+    fuse = factors[0] is not None and not need_zero and model.lattice is None
+    al = factors[0] if fuse else 1.0
+    if fuse:
+        factors = (None, factors[1])
 
     def launch():
         c = (torch.zeros if need_zero else torch.empty)(M, N, dtype=torch.float32, device=dev)
         if fmt == "mxfp4":
             if n_p:
-                _k("mx")[(n_p,)](ap, bp, c, fa, fb, ptiles, M, N, K, NT, nb, BM=BM, BN=BN, RZ=RZ,
-                                 F32=F32, num_warps=nw)
+                _k("mx")[(n_p,)](ap, bp, c, fa, fb, ptiles, M, N, K, NT, nb, al, BM=BM, BN=BN,
+                                 RZ=RZ, F32=F32, ALPHA=fuse, num_warps=nw)
         else:
             if n_p:
-                _k("pair")[(n_p,)](ap, bp, c, ptiles, M, N, K, NT, BM=BM, BN=BN, RZ=RZ, F32=F32,
-                                   num_warps=nw, num_stages=3)
+                _k("pair")[(n_p,)](ap, bp, c, ptiles, M, N, K, NT, al, BM=BM, BN=BN, RZ=RZ,
+                                   F32=F32, ALPHA=fuse, num_warps=nw, num_stages=3)
             if n_b:
-                _k("block")[(n_b,)](ap, bp, c, MA, QB, btiles, M, N, K, NT, MA.shape[1], BM=BM,
-                                    BN=BN, RZ=RZ, F32=F32, num_warps=nw)
+                _k("block")[(n_b,)](ap, bp, c, MA, QB, btiles, M, N, K, NT, MA.shape[1], al,
+                                    BM=BM, BN=BN, RZ=RZ, F32=F32, ALPHA=fuse, num_warps=nw)
         c = _fixup(c, model, A, B, block, mode, BM, BN, info)
         return _epilogue(c, model, factors)
     return launch

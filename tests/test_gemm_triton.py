@@ -144,6 +144,11 @@ def test_bad_input():
         GT.blockscaled_mm(ac, s, ac, s, model="exact")
     with pytest.raises(ValueError, match="ue4m3 codes must lie in"):
         GT.blockscaled_mm(ac, torch.full((4, 2), 200, dtype=torch.uint8), ac, s)
+    # the four code-range checks share one host sync: each operand's errors still named
+    with pytest.raises(ValueError, match="b_scales: ue4m3 codes must lie in .* got 128"):
+        GT.blockscaled_mm(ac, s, ac, torch.full((4, 2), 128, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="b_codes: codes must be 4-bit"):
+        GT.blockscaled_mm(ac, s, torch.full_like(ac, 16), s)
     with pytest.raises(ValueError, match="scale_fmt: unknown value 'ue5m3'"):
         GT.blockscaled_mm(ac, s, ac, s, fmt="nvfp4", scale_fmt="ue5m3")
     if hasattr(torch, "float8_e8m0fnu"):

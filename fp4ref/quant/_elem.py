@@ -53,9 +53,28 @@ def from_f32_bits(b: torch.Tensor) -> torch.Tensor:
     return b.to(torch.int32).view(torch.float32)
 
 
+_CONSTS: dict = {}
+
+
+def const(key, device, make) -> torch.Tensor:
+    """A 0-dim constant, made once per device: on CUDA each fresh one is a kernel launch,
+    and the scalar steps of current scaling are launch-bound.  Never written in place."""
+    k = (key, str(device))
+    t = _CONSTS.get(k)
+    if t is None:
+        t = _CONSTS[k] = make()
+    return t
+
+
+def f32_const(v: float, device) -> torch.Tensor:
+    return const(("f32", float(v)), device,
+                 lambda: torch.full((), float(v), dtype=torch.float32, device=device))
+
+
 def canon_nan(x: torch.Tensor, bits: int = 0x7FC00000) -> torch.Tensor:
     """Replace every NaN by one float32 bit pattern (reductions: canonical +NaN)."""
-    n = from_f32_bits(torch.full((), bits, dtype=torch.int64, device=x.device))
+    n = const(("nan", bits), x.device, lambda: from_f32_bits(
+        torch.full((), bits, dtype=torch.int64, device=x.device)))
     return torch.where(torch.isnan(x), n, x)
 
 
@@ -63,7 +82,7 @@ def tmin(a: torch.Tensor, b) -> torch.Tensor:
     """torch.minimum with NaN made +canonical (its vectorized path returns 0xFFFFFFFF,
     its scalar path 0x7FC00000: the reference fixes +canonical, f32.tmin)."""
     if not isinstance(b, torch.Tensor):
-        b = torch.full((), float(b), dtype=torch.float32, device=a.device)
+        b = f32_const(b, a.device)
     return canon_nan(torch.minimum(a, b))
 
 

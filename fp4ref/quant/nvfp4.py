@@ -2,6 +2,7 @@
 ``reference.recipes.nvfp4``: the same FP32 operations in the same order."""
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 
 import torch
@@ -18,10 +19,11 @@ from . import _elem as E
 from ._common import FLT_MAX, check_input, check_rbits, f32_scalar, pad2d
 from .blocked import BlockScaledTensor
 
-__all__ = ["quantize", "rht16"]
+__all__ = ["quantize", "quantize_packed", "rht16"]
 
 
-def _fconst(v) -> float:
+@functools.lru_cache(maxsize=256)
+def _fconst(v) -> float:   # cached: ~10 us of exact arithmetic per call on a launch-bound path
     return float(F.f32(exact(v)))
 
 
@@ -141,11 +143,37 @@ def _triton_ok(x, rule, tile, mode, copy, backend) -> bool:
 def s_enc_params(g_amax: torch.Tensor, Tf: float, zero_amax: str = "one"):
     """(S_enc, fl(1/S_enc), fl(S_enc * fl(1/6))) as the te rule computes them."""
     dev = g_amax.device
-    one = torch.ones((), dtype=torch.float32, device=dev)
-    s_enc = E.tmin(torch.full((), _fconst(Tf * 6), device=dev) / g_amax, FLT_MAX)
-    z = (s_enc == 0) | ((g_amax == 0) if zero_amax == "one" else torch.zeros((), dtype=torch.bool, device=dev))
+    one = E.f32_const(1.0, dev)         # cached constants: these scalar steps are launch-bound
+    s_enc = E.tmin(E.f32_const(_fconst(Tf * 6), dev) / g_amax, FLT_MAX)
+    z = ((s_enc == 0) | (g_amax == 0)) if zero_amax == "one" else (s_enc == 0)
     s_enc = torch.where(z, one, s_enc)
-    return s_enc, one / s_enc, s_enc * torch.reciprocal(torch.full((), 6.0, device=dev))
+    sixth = E.const("1/6", dev, lambda: torch.reciprocal(torch.full((), 6.0, device=dev)))
+    return s_enc, one / s_enc, s_enc * sixth
+
+
+def _two_level_triton(x, rule, Tf, amax):
+    """Fused path: (packed codes, scale codes, [mult, dec, S_enc, amax]).  Three launches
+    for current scaling (amax partials; amax and s_enc_params; quantize), two with amax."""
+    from . import triton_quant as TQ
+    g = None if amax is None else f32_scalar(amax, x.device, "amax")
+    par = TQ.te_params(x, _fconst(Tf * 6), rule.zero_amax == "one", g)
+    qp, sc = TQ.two_level_1x16(x, par[:2], rule.scale_fmt, rule.zero_scale_to_one)
+    return qp, sc, par
+
+
+def quantize_packed(x: torch.Tensor, profile="te_nvfp4", *, amax=None, target=None,
+                    rule: TwoLevelRule | None = None):
+    """``quantize(..., backend="triton")`` (1x16, RNE, rowwise) without unpacking the codes:
+    (packed codes uint8 [M, K/2] (low nibble first), scale codes uint8 [M, K/16],
+    float32 [4] = [fl(S_enc * fl(1/6)), fl(1/S_enc) (the tensor scale), S_enc, amax]).
+    amax None: current scaling.  No host sync; same bits as ``quantize``."""
+    if rule is None:
+        profile = check_choice("profile", profile, NVFP4_RULES)
+        rule = NVFP4_RULES[profile]
+    check_input(x)
+    _triton_ok(x, rule, (1, 16), Mode.RNE, "rowwise", "triton")   # raises where it does not apply
+    Tf = _fconst(check_target(rule.target if target is None else target))
+    return _two_level_triton(x, rule, Tf, amax)
 
 
 def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, tensor_scale=None,
@@ -176,15 +204,11 @@ def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, te
     T = check_target(rule.target if target is None else target)
     Tf = _fconst(T)
     if _triton_ok(x, rule, (bm, bk), mode, copy, backend):
-        from . import triton_quant as TQ
         from .blocked import unpack_codes
-        g_amax = f32_scalar(amax, dev, "amax") if amax is not None else TQ.amax(x)
-        s_enc, dec, mult = s_enc_params(g_amax, Tf, rule.zero_amax)
-        params = torch.stack((mult, dec)).to(torch.float32)
-        qp, sc = TQ.two_level_1x16(x, params, rule.scale_fmt, rule.zero_scale_to_one)
+        qp, sc, par = _two_level_triton(x, rule, Tf, amax)
         return BlockScaledTensor((rows, cols), unpack_codes(qp, cols), "float4_e2m1fn", sc,
-                                 rule.scale_fmt, (1, 16), dec.reshape(1, 1), None, profile,
-                                 {"amax": g_amax, "s_enc": s_enc})
+                                 rule.scale_fmt, (1, 16), par[1].reshape(1, 1), None, profile,
+                                 {"amax": par[3], "s_enc": par[2]})
     xp = pad2d(xf, bm, bk)
     R, C = xp.shape
     if rb is not None:

@@ -24,7 +24,7 @@ except Exception:  # noqa: BLE001
     tl = None
     HAVE_TRITON = False
 
-__all__ = ["available", "amax", "two_level_1x16", "mx_floor_e2m1", "HAVE_TRITON"]
+__all__ = ["available", "amax", "te_params", "two_level_1x16", "mx_floor_e2m1", "HAVE_TRITON"]
 
 _FLT_MAX = 3.4028234663852886e38
 
@@ -191,10 +191,10 @@ if HAVE_TRITON:
 
 
     # ---- flat-block kernels (bf16, contiguous): the tensor is a run of blocks of B
-    # elements; a program takes NBLK consecutive blocks as a [NBLK, B/2] tile of 32-bit words,
-    # each word two bf16 inputs (low half = even element) and one output byte (low nibble =
-    # even element), so loads are 16-byte vectors, codes pack in registers (no reshape /
-    # split / layout conversion) and codes and scales are written as contiguous runs.
+    # elements; a program takes NBLK consecutive blocks, each block loaded as B/8 [NBLK, 4]
+    # tiles of 32-bit words (16-byte vectors, two bf16 inputs per word, low half = even
+    # element), so one thread owns whole blocks: block reductions and the scale math run
+    # in registers, once per block, and the block's codes leave as one 8- or 16-byte store.
     @triton.jit
     def _words_f32(w):
         """Exact float32 of a word's two bf16 values (by their bits)."""
@@ -203,15 +203,54 @@ if HAVE_TRITON:
         return lo, hi
 
     @triton.jit
-    def _flat_offsets(NB, NBLK: tl.constexpr, HW: tl.constexpr, I64: tl.constexpr):
+    def _words_absmax(w):
+        """Per row: max |bf16| over the words' halves as bf16 bits (integer max: a NaN's
+        magnitude bits exceed inf's, so any NaN gives a NaN pattern)."""
+        return tl.max(tl.maximum(w & 0x7FFF, (w >> 16) & 0x7FFF), axis=1)
+
+    @triton.jit
+    def _e2m1_mag(q):
+        """E2M1 code of |q| (RNE, saturating; NaN -> caller), as _e2m1_code without the sign:
+        (a + c) with c = 2**22, 2**23, 2**24 for the binades [0, 2), [2, 4), [4, 6] rounds a
+        to the binade's E2M1 step (0.5, 1, 2) with ties to even, and the rounded sum's bits
+        count steps above c: code = steps + 0, 2, 4.  No float->int conversion."""
+        a = tl.minimum(tl.abs(q), 6.0)
+        cb = (tl.maximum(a, 1.0).to(tl.int32, bitcast=True) & 0x7F800000) + (22 << 23)
+        s = a + cb.to(tl.float32, bitcast=True)
+        return s.to(tl.int32, bitcast=True) - cb + ((cb >> 22) - 298)
+
+    @triton.jit
+    def _e2m1_byte(w, f, NANMAX: tl.constexpr):
+        """Packed code byte (low nibble = even element) of a word's two bf16 values times f
+        (per row); NaN products -> code 7 when NANMAX (te_nvfp4 elem_nan "max")."""
+        xl, xh = _words_f32(w)
+        ql = xl * f[:, None]
+        qh = xh * f[:, None]
+        cl = _e2m1_mag(ql) | ((ql.to(tl.int32, bitcast=True) >> 28) & 8)
+        ch = _e2m1_mag(qh) | ((qh.to(tl.int32, bitcast=True) >> 28) & 8)
+        if NANMAX:
+            cl = tl.where(ql != ql, 7, cl)
+            ch = tl.where(qh != qh, 7, ch)
+        return cl | (ch << 4)
+
+    @triton.jit
+    def _pack4(byte):
+        """[NBLK, 4] bytes -> [NBLK] int32 (byte j at bits 8j): a sum of disjoint bit fields."""
+        sh = tl.arange(0, 4) * 8
+        return tl.sum(byte << sh[None, :], axis=1)
+
+    @triton.jit
+    def _u64(lo, hi):
+        return (lo.to(tl.int64) & 0xFFFFFFFF) | (hi.to(tl.int64) << 32)
+
+    @triton.jit
+    def _flat_index(NB, NBLK: tl.constexpr, I64: tl.constexpr):
         pid = tl.program_id(0)
         if I64:
             bi = pid.to(tl.int64) * NBLK + tl.arange(0, NBLK)
         else:
             bi = pid * NBLK + tl.arange(0, NBLK)
-        bm = bi < NB
-        off = bi[:, None] * HW + tl.arange(0, HW)[None, :]
-        return bi, bm, off
+        return bi, bi < NB
 
     @triton.jit
     def _two_level_flat_kernel(x_ptr, q_ptr, s_ptr, par_ptr, NB, NBLK: tl.constexpr,
@@ -220,18 +259,14 @@ if HAVE_TRITON:
                                SIEEE: tl.constexpr, SMAX: tl.constexpr,
                                ZERO_TO_ONE: tl.constexpr, ONE_CODE: tl.constexpr,
                                I64: tl.constexpr):
-        bi, bm, off = _flat_offsets(NB, NBLK, 8, I64)
-        w = tl.load(x_ptr + off, mask=bm[:, None], other=0)
-        xl, xh = _words_f32(w)
+        bi, bm = _flat_index(NB, NBLK, I64)
+        off = bi[:, None] * 8 + tl.arange(0, 4)[None, :]      # 16 bf16 = 8 words per block
+        w0 = tl.load(x_ptr + off, mask=bm[:, None], other=0)
+        w1 = tl.load(x_ptr + off + 4, mask=bm[:, None], other=0)
         mult = tl.load(par_ptr)      # fl(S_enc * fl(1/6))
         dec = tl.load(par_ptr + 1)   # fl(1 / S_enc)
-        al = tl.abs(xl)
-        ah = tl.abs(xh)
-        nan2 = (al != al) | (ah != ah)
-        hasnan = tl.max(nan2.to(tl.int32), axis=1)
-        vmax = tl.max(tl.maximum(tl.where(al != al, 0.0, al), tl.where(ah != ah, 0.0, ah)),
-                      axis=1)
-        vmax = tl.where(hasnan > 0, float("nan"), vmax)
+        vb = tl.maximum(_words_absmax(w0), _words_absmax(w1))
+        vmax = (vb << 16).to(tl.float32, bitcast=True)       # max|x|, NaN if any NaN
         s = vmax * mult
         s = tl.where(s > 3.4028234663852886e38, 3.4028234663852886e38, s)
         s = tl.where(s > SMAX, SMAX, s)
@@ -244,48 +279,162 @@ if HAVE_TRITON:
             sf = tl.where(z, 1.0, sf)
         enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
         enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
-        ql = xl * enc[:, None]
-        qh = xh * enc[:, None]
-        cl = tl.where(ql != ql, 7, _e2m1_code(ql))   # NaN -> +6 (te_nvfp4 elem_nan "max")
-        ch = tl.where(qh != qh, 7, _e2m1_code(qh))
-        tl.store(q_ptr + off, (cl | (ch << 4)).to(tl.uint8), mask=bm[:, None])
+        p0 = _pack4(_e2m1_byte(w0, enc, True))
+        p1 = _pack4(_e2m1_byte(w1, enc, True))
+        tl.store(q_ptr + bi, _u64(p0, p1), mask=bm)          # q_ptr: int64 view, 8 B/block
         tl.store(s_ptr + bi, sc.to(tl.uint8), mask=bm)
 
     @triton.jit
     def _mx_flat_kernel(x_ptr, q_ptr, s_ptr, NB, NBLK: tl.constexpr, I64: tl.constexpr):
-        bi, bm, off = _flat_offsets(NB, NBLK, 16, I64)
-        w = tl.load(x_ptr + off, mask=bm[:, None], other=0)
-        xl, xh = _words_f32(w)
-        al = tl.abs(xl)
-        ah = tl.abs(xh)
-        spl = (al != al) | (al == float("inf"))
-        sph = (ah != ah) | (ah == float("inf"))
-        special = tl.max((spl | sph).to(tl.int32), axis=1) > 0
-        amax = tl.max(tl.maximum(al, ah), axis=1)     # only used where no NaN / inf
-        amax = tl.where(special, 0.0, amax)
-        ef = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        bi, bm = _flat_index(NB, NBLK, I64)
+        off = bi[:, None] * 16 + tl.arange(0, 4)[None, :]     # 32 bf16 = 16 words per block
+        w0 = tl.load(x_ptr + off, mask=bm[:, None], other=0)
+        w1 = tl.load(x_ptr + off + 4, mask=bm[:, None], other=0)
+        w2 = tl.load(x_ptr + off + 8, mask=bm[:, None], other=0)
+        w3 = tl.load(x_ptr + off + 12, mask=bm[:, None], other=0)
+        vb = tl.maximum(tl.maximum(_words_absmax(w0), _words_absmax(w1)),
+                        tl.maximum(_words_absmax(w2), _words_absmax(w3)))
+        special = vb >= 0x7F80                        # a NaN or an infinity in the block
+        ef = vb >> 7                                  # exponent field of max|x| (bf16 = fp32's)
         e = tl.where(ef == 0, -127, ef - 127 - 2)     # e2m1 emax = 2
         e = tl.minimum(tl.maximum(e, -127), 127)
         sc = tl.where(special, 255, e + 127)
         p = ((127 - e) << 23).to(tl.float32, bitcast=True)
-        cl = _e2m1_code(xl * p[:, None])
-        ch = _e2m1_code(xh * p[:, None])
-        byte = tl.where(special[:, None], 0, cl | (ch << 4))
-        tl.store(q_ptr + off, byte.to(tl.uint8), mask=bm[:, None])
+        c0 = _pack4(_e2m1_byte(w0, p, False))
+        c1 = _pack4(_e2m1_byte(w1, p, False))
+        c2 = _pack4(_e2m1_byte(w2, p, False))
+        c3 = _pack4(_e2m1_byte(w3, p, False))
+        lo = tl.where(special, 0, _u64(c0, c1))
+        hi = tl.where(special, 0, _u64(c2, c3))
+        qo = bi[:, None] * 2 + tl.arange(0, 2)[None, :]       # q_ptr: int64 view, 16 B/block
+        tl.store(q_ptr + qo, tl.join(lo, hi).reshape(NBLK, 2), mask=bm[:, None])
         tl.store(s_ptr + bi, sc.to(tl.uint8), mask=bm)
+
+    @triton.jit
+    def _amax_part_kernel(x_ptr, part_ptr, N, PER: tl.constexpr, BLOCK: tl.constexpr,
+                          MODE: tl.constexpr, I64: tl.constexpr):
+        """Per program: max magnitude bits over PER elements (MODE 0: int32 words of two
+        bf16; 1: bf16; 2: float32; 3: other floats, widened exactly to float32)."""
+        pid = tl.program_id(0)
+        base = pid.to(tl.int64) * PER if I64 else pid * PER
+        acc = tl.zeros((BLOCK,), dtype=tl.int32)
+        for i in tl.range(0, PER, BLOCK):
+            offs = base + i + tl.arange(0, BLOCK)
+            msk = offs < N
+            if MODE == 0:
+                w = tl.load(x_ptr + offs, mask=msk, other=0)
+                acc = tl.maximum(acc, tl.maximum(w & 0x7FFF, (w >> 16) & 0x7FFF))
+            elif MODE == 1:
+                acc = tl.maximum(acc, tl.load(x_ptr + offs, mask=msk, other=0).to(tl.int32)
+                                 & 0x7FFF)
+            elif MODE == 2:
+                acc = tl.maximum(acc, tl.load(x_ptr + offs, mask=msk, other=0) & 0x7FFFFFFF)
+            else:
+                v = tl.load(x_ptr + offs, mask=msk, other=0.0).to(tl.float32)
+                acc = tl.maximum(acc, v.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        tl.store(part_ptr + pid, tl.max(acc, axis=0))
+
+    @triton.jit
+    def _te_params(g, par_ptr, C: tl.constexpr, SIXTH: tl.constexpr, ZERO_ONE: tl.constexpr):
+        """nvfp4.s_enc_params, op for op (IEEE div_rn / mul): par = [fl(S_enc * fl(1/6)),
+        fl(1/S_enc), S_enc].  C = fl(T * 6), SIXTH = fl(1/6)."""
+        s = tl.math.div_rn(tl.full((), C, tl.float32), g)
+        s = tl.where(s > 3.4028234663852886e38, 3.4028234663852886e38, s)   # E.tmin(., FLT_MAX)
+        s = tl.where(s != s, tl.full((), 0x7FC00000, tl.int32).to(tl.float32, bitcast=True),
+                     s)                                                   # E.canon_nan
+        z = s == 0.0
+        if ZERO_ONE:
+            z = z | (g == 0.0)
+        s = tl.where(z, 1.0, s)
+        tl.store(par_ptr, s * SIXTH)
+        tl.store(par_ptr + 1, tl.math.div_rn(tl.full((), 1.0, tl.float32), s))
+        tl.store(par_ptr + 2, s)
+
+    @triton.jit
+    def _amax_final_kernel(part_ptr, out_ptr, par_ptr, P, BLOCK: tl.constexpr,
+                           SHIFT: tl.constexpr, PARAMS: tl.constexpr, C: tl.constexpr,
+                           SIXTH: tl.constexpr, ZERO_ONE: tl.constexpr):
+        m = tl.max(tl.load(part_ptr + tl.arange(0, BLOCK), mask=tl.arange(0, BLOCK) < P,
+                           other=0), axis=0)
+        m = m << SHIFT                                # float32 bits of max|x|
+        m = tl.where(m > 0x7F800000, 0x7FC00000, m)   # any NaN -> +canonical NaN
+        tl.store(out_ptr, m)
+        if PARAMS:  # current scaling: the per-tensor scales here too (no extra launches)
+            _te_params(m.to(tl.float32, bitcast=True), par_ptr, C, SIXTH, ZERO_ONE)
+
+    @triton.jit
+    def _params_kernel(g_ptr, par_ptr, C: tl.constexpr, SIXTH: tl.constexpr,
+                       ZERO_ONE: tl.constexpr):
+        g = tl.load(g_ptr)
+        tl.store(par_ptr + 3, g)
+        _te_params(g, par_ptr, C, SIXTH, ZERO_ONE)
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:
-    """max|x| as a float32 0-dim tensor; any NaN gives +canonical NaN."""
+    """max|x| as a float32 0-dim tensor; any NaN gives +canonical NaN.  Two launches, no
+    host sync: an integer max of magnitude bits (monotonic for floats; NaN above inf) over
+    ~2048 programs, then one program over the partials."""
+    return _amax(x, None)
+
+
+_SIXTH: list = []
+
+
+def _sixth() -> float:
+    """fl(1/6), the float32 RNE reciprocal (exact as a Python float); computed once."""
+    if not _SIXTH:
+        _SIXTH.append(float(torch.reciprocal(torch.full((), 6.0, dtype=torch.float32))))
+    return _SIXTH[0]
+
+
+def te_params(x: torch.Tensor | None, c: float, zero_amax_one: bool,
+              amax: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [4] = [fl(S_enc * fl(1/6)), fl(1/S_enc), S_enc, amax], bit for bit as
+    ``nvfp4.s_enc_params(amax, T)`` (c = fl(T * 6), a float32 value).  amax None: max|x|,
+    computed in the same two launches as ``amax(x)``; else the float32 0-dim amax, one
+    launch.  No host sync (current scaling is launch-bound otherwise)."""
+    import struct
+    if struct.unpack("f", struct.pack("f", c))[0] != c:
+        raise ValueError(f"c: {c!r} is not a float32 value")
+    if amax is None:
+        return _amax(x, (c, zero_amax_one))
+    if amax.dtype != torch.float32 or amax.numel() != 1:
+        raise ValueError(f"amax: expected a float32 scalar tensor, got {amax.dtype} "
+                         f"{tuple(amax.shape)}")
+    par = torch.empty(4, dtype=torch.float32, device=amax.device)
+    _params_kernel[(1,)](amax.reshape(1), par, C=c, SIXTH=_sixth(), ZERO_ONE=zero_amax_one)
+    return par
+
+
+def _amax(x: torch.Tensor, params):
     xf = x.reshape(-1)
     n = xf.numel()
-    BLOCK = 8192
-    grid = (triton.cdiv(n, BLOCK),)
-    part = torch.empty(grid[0], dtype=torch.float32, device=x.device)
-    nan = torch.empty(grid[0], dtype=torch.int32, device=x.device)
-    _amax_kernel[grid](xf, part, nan, n, BLOCK=BLOCK, IS_BF16=x.dtype == torch.bfloat16)
-    a = part.max()
-    return torch.where(nan.max() > 0, torch.full_like(a, float("nan")), a)
+    shift = 16 if x.dtype == torch.bfloat16 else 0
+    if x.dtype == torch.bfloat16 and n % 2 == 0 and xf.data_ptr() % 4 == 0:
+        xf, n, mode = xf.view(torch.int32), n // 2, 0
+    elif x.dtype == torch.bfloat16:
+        xf, mode = xf.view(torch.int16), 1
+    elif x.dtype == torch.float32:
+        xf, mode = xf.view(torch.int32), 2
+    else:
+        mode = 3
+    BLOCK = 4096
+    per = max(BLOCK, triton.next_power_of_2(triton.cdiv(n, 2048)))
+    P = max(1, triton.cdiv(n, per))
+    part = torch.empty(P, dtype=torch.int32, device=x.device)
+    _amax_part_kernel[(P,)](xf, part, n, PER=per, BLOCK=BLOCK, MODE=mode,
+                            I64=n >= 2 ** 31 - per, num_warps=8)
+    if params is None:
+        out = torch.empty((), dtype=torch.int32, device=x.device)
+        _amax_final_kernel[(1,)](part, out, out, P, BLOCK=triton.next_power_of_2(P),
+                                 SHIFT=shift, PARAMS=False, C=0.0, SIXTH=0.0, ZERO_ONE=False)
+        return out.view(torch.float32)
+    par = torch.empty(4, dtype=torch.float32, device=x.device)
+    c, zero_one = params
+    _amax_final_kernel[(1,)](part, par[3:].view(torch.int32), par, P,
+                             BLOCK=triton.next_power_of_2(P), SHIFT=shift, PARAMS=True, C=c,
+                             SIXTH=_sixth(), ZERO_ONE=zero_one)
+    return par
 
 
 # (BM, BK, num_warps) candidates; the first call per (kernel, M, K, dtype) on a GPU times
@@ -321,8 +470,8 @@ def _launch(kernel, key, grid_of, args, kw, K, min_bk):
 
 
 # flat-block kernels: (blocks per program, num_warps) candidates, timed once per shape
-_FLAT_CONFIGS = {16: ((256, 4), (512, 4), (512, 8), (1024, 8), (128, 4)),
-                 32: ((128, 4), (256, 4), (256, 8), (512, 8), (64, 4))}
+_FLAT_CONFIGS = {16: ((256, 4), (512, 4), (512, 8), (1024, 8), (1024, 4), (2048, 8)),
+                 32: ((128, 4), (256, 4), (256, 8), (512, 8), (512, 4), (1024, 8))}
 
 
 def _flat_ok(x: torch.Tensor) -> bool:
@@ -378,8 +527,10 @@ def two_level_1x16(x: torch.Tensor, params: torch.Tensor, scale_fmt: str = "ue4m
     s = torch.empty((M, K // 16), dtype=torch.uint8, device=x.device)
     mb, bias, mc, nanc, ieee, smax, one = _SCALE[scale_fmt]
     if M * K and _flat_ok(x):
-        _launch_flat(_two_level_flat_kernel, ("two_level_flat", M * K, str(x.device)), 16,
-                     M * K // 16, (x.view(-1).view(torch.int32), q, s, params, M * K // 16),
+        _launch_flat(_two_level_flat_kernel, ("two_level_flat", M * K, scale_fmt, str(x.device)),
+                     16, M * K // 16,
+                     (x.view(-1).view(torch.int32), q.view(-1).view(torch.int64), s, params,
+                      M * K // 16),
                      dict(SMBITS=mb, SBIAS=bias, SMAXCODE=mc, SNAN=nanc, SIEEE=ieee, SMAX=smax,
                           ZERO_TO_ONE=zero_scale_to_one, ONE_CODE=one))
         return q, s
@@ -402,7 +553,8 @@ def mx_floor_e2m1(x: torch.Tensor):
     s = torch.empty((M, K // 32), dtype=torch.uint8, device=x.device)
     if M * K and _flat_ok(x):
         _launch_flat(_mx_flat_kernel, ("mx_flat", M * K, str(x.device)), 32, M * K // 32,
-                     (x.view(-1).view(torch.int32), q, s, M * K // 32), {})
+                     (x.view(-1).view(torch.int32), q.view(-1).view(torch.int64), s,
+                      M * K // 32), {})
         return q, s
     _launch(_mx_floor_e2m1_kernel, ("mx", M, K, x.dtype, str(x.device)),
             lambda bm, bk: (triton.cdiv(M, bm), triton.cdiv(K, bk)),
