@@ -21,8 +21,10 @@ test-thorough:
 	@$(PY) -m pytest -q -n 2 --hypothesis-profile=thorough $(PYTEST_ARGS) tests
 
 ## The main job: probe every native GEMM found here, write reports/<device>/<timestamp>/.
+## Bounded to 5 minutes: devices still running then are reported as unfinished, not dropped.
+PROBE_TIME_LIMIT ?= 290
 probe:
-	@$(PY) -m fp4ref probe $(PROBE_ARGS)
+	@$(PY) -m fp4ref probe --time-limit-s $(PROBE_TIME_LIMIT) $(PROBE_ARGS)
 
 bench:
 	@$(PY) -m fp4ref bench $(BENCH_ARGS)

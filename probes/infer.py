@@ -11,7 +11,7 @@ parameters of later stages):
   width    fma_width F = 1..128 (powers of 2); group_size G = None or 2..128 (G >= F);
            outer_mode (6, with groups); scale_point (block-scaled, G == block)
   long     G = 256..K/2; split_k = 1, 2, 4, 8, 16
-  subnormal acc_subnormal KEEP/FLUSH; alpha alpha_mode (3) [devices with alpha]
+  subnormal acc_subnormal KEEP/FLUSH; alpha alpha_mode (4) [devices with alpha]
 
 Within a stage, each round simulates the surviving candidates (a sample when there are
 many) on a sample of the stage's probe pool and sends the probes whose predictions split
