@@ -49,7 +49,7 @@ import torch
 from reference.errors import check_choice
 from reference.formats import FormatSpec, get_format
 from reference.gemm import (PRESETS, AlignRef, AlphaMode, GemmModel, ScalePoint,
-                            accumulator_format, get_preset)
+                            accumulator_format, get_preset, split_bounds)
 from reference.rounding import Mode, Subnormal
 
 __all__ = ["emulate", "round_float", "GemmModel", "PRESETS", "get_preset", "INPUT_DTYPES"]
@@ -670,16 +670,15 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
         for nm, t in (("scales_a", scales_a), ("scales_b", scales_b)):
             if t.device != dev:
                 raise ValueError(f"{nm}: device {t.device} differs from a's device {dev}")
+    bounds = split_bounds(model, K)   # raises for K not a multiple of split_k (equal slices)
     S = model.split_k
-    if K % S:
-        raise ValueError(f"split_k: K={K} is not a multiple of split_k={S}")
     if blocked and model.scale_point is ScalePoint.GROUP:
         if (model.group_size or K) != block:
             raise ValueError(f"GemmModel.group_size: scale_point GROUP needs group_size == block "
                              f"({block}), got {model.group_size}")
-        if (K // S) % block:
-            raise ValueError(f"split_k: scale_point GROUP needs K/split_k a multiple of block "
-                             f"({block}); got K={K}, split_k={S}")
+        if any(lo % block for lo, _ in bounds):
+            raise ValueError(f"split_k: scale_point GROUP needs slices of whole blocks "
+                             f"({block}); got K={K}, split_k={S}, split_tile={model.split_tile}")
     factors = _alpha_factors(alpha, M, Nn, dev)
 
     A = _from_float(a)
@@ -743,7 +742,8 @@ class _Ctx:
         if (not self.finite or m.align_bits is not None or m.product_format is not None
                 or m.norm_mode is Mode.RDN or (blocked and m.scale_point is not ScalePoint.PRODUCT)):
             return 0
-        ks = self.K // m.split_k
+        # every slice boundary (and so every group and step start) is a multiple of ks
+        ks = math.gcd(*[x for lo, hi in split_bounds(m, self.K) for x in (lo, hi)])
         C = math.gcd(m.fma_width, m.group_size or ks, ks)
         if blocked:
             C = math.gcd(C, self.block)
@@ -896,10 +896,9 @@ class _Ctx:
         A = _sub(self.A, slice(r0, r1))
         SA = _sub(self.SA, slice(r0, r1)) if self.SA is not None else None
         R = (r1 - r0) * self.Nn
-        ks = self.K // m.split_k
         total = None
-        for s in range(m.split_k):
-            part = self._slice(A, SA, s * ks, (s + 1) * ks, R)
+        for lo, hi in split_bounds(m, self.K):
+            part = self._slice(A, SA, lo, hi, R)
             total = part if total is None else _add_round(total, part, _FP32, Mode.RNE)
         return total
 

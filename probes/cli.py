@@ -164,11 +164,13 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, pe
         rec["validation"] = v.record
         extra["per_shape"] = v.per_shape
         rec["notes"] += v.notes
-        split = {tuple(s["shape"]): (s["split_k"], s["group_size"]) for s in v.per_shape
-                 if (s["split_k"], s["group_size"]) != (res.model.split_k, res.model.group_size)}
+        mine = (res.model.split_k, res.model.split_tile, res.model.group_size)
+        split = {tuple(s["shape"]): (s["split_k"], s.get("split_tile"), s["group_size"]) for s in v.per_shape
+                 if (s["split_k"], s.get("split_tile"), s["group_size"]) != mine and not s.get("own_model")}
         if split:
             rec["notes"].append("per-shape schedule (the kernel differs by shape): " + ", ".join(
-                f"{list(k)} -> split_k={s}, group_size={g}" for k, (s, g) in sorted(split.items())))
+                f"{list(k)} -> split_k={s}" + (f" (slices rounded up to {t})" if t else "") + f", group_size={g}"
+                for k, (s, t, g) in sorted(split.items())))
         if v.nondeterministic:
             rec["status"] = "nondeterministic"
         rec["extra"] = extra

@@ -487,9 +487,17 @@ _PF = {"float32": _Fmt(23, -126, 127), "bfloat16": _Fmt(7, -126, 127), "float16"
        "tf32": _Fmt(10, -126, 127)}
 
 
+def _rejects(model: rg.GemmModel, K: int, block, grp: bool) -> bool:
+    """True where the reference raises (K not splittable, groups across slices)."""
+    if model.split_tile is None and K % model.split_k:
+        return True
+    return grp and ((model.group_size or K) != block or
+                    any(lo % block for lo, _ in rg.split_bounds(model, K)))
+
+
 def _schedule(model: rg.GemmModel, K: int):
     S = model.split_k
-    ks = K // S
+    ks = K // S if model.split_tile is None else rg.split_bounds(model, K)[0][1]
     G = min(model.group_size or ks, ks) if ks else 1
     F = min(model.fma_width, G)
     return F, G, S
@@ -518,17 +526,18 @@ def simulate(models: Sequence[rg.GemmModel], probes: Sequence[Operands]) -> np.n
     slow = []
     for r, (m, op) in enumerate(zip(models, probes)):
         K = op.K
-        if K % m.split_k:
-            continue
+        grp = op.scales_a is not None and m.scale_point is rg.ScalePoint.GROUP
+        if _rejects(m, K, op.block, grp):
+            continue  # the reference rejects it
         if not _supported(m, op):
             slow.append(r)
             continue
-        grp = op.scales_a is not None and m.scale_point is rg.ScalePoint.GROUP
-        if grp and ((m.group_size or K) != op.block or (K // m.split_k) % op.block):
-            continue  # the reference rejects it
         F, G, S = _schedule(m, K)
         ks = K // S
-        if ks % F == 0 and (G % F == 0 or G == ks):
+        if m.split_tile is not None:  # uneven slices: one schedule per key
+            keys.setdefault((F, K, grp, op.block if op.scales_a is not None else None, G, S, m.split_tile),
+                            []).append(r)
+        elif ks % F == 0 and (G % F == 0 or G == ks):
             keys.setdefault((F, K, grp, op.block if op.scales_a is not None else None), []).append(r)
         else:  # uneven steps: one schedule per key
             keys.setdefault((F, K, grp, op.block if op.scales_a is not None else None, G, S), []).append(r)
@@ -715,12 +724,11 @@ def _run_uneven(key, models, prods_all, scale_prod, W, am, nm, om, accfmt, flush
     def zero():
         return (np.zeros(R, np.int8), np.zeros(R, bool), np.zeros(R, _I64), np.zeros(R, _I64))
 
-    ks = K // S
     total = None
-    for s in range(S):
+    for lo, hi in rg.split_bounds(models[0], K):
         outer = None
-        for g0 in range(s * ks, (s + 1) * ks, G):
-            g1 = min(g0 + G, (s + 1) * ks)
+        for g0 in range(lo, hi, G):
+            g1 = min(g0 + G, hi)
             acc = zero()
             for j in range(g0, g1, F):
                 j1 = min(j + F, g1)
@@ -770,11 +778,8 @@ def simulate_gemm(model: rg.GemmModel, A: np.ndarray, B: np.ndarray, *, scales_a
     M, K = A.shape
     N = B.shape[1]
     out = np.empty((M, N), _I64)
-    if K % model.split_k:
-        out[:] = ERR_KEY
-        return out
     grp = scales_a is not None and model.scale_point is rg.ScalePoint.GROUP
-    if grp and ((model.group_size or K) != block or (K // model.split_k) % block):
+    if _rejects(model, K, block, grp):
         out[:] = ERR_KEY
         return out
     if not _supported(model, None):
@@ -788,7 +793,9 @@ def simulate_gemm(model: rg.GemmModel, A: np.ndarray, B: np.ndarray, *, scales_a
     F, G, S = _schedule(model, K)
     ks = K // S
     key = (F, K, grp, block if grp else None)
-    if not (ks % F == 0 and (G % F == 0 or G == ks)):
+    if model.split_tile is not None:
+        key = key + (G, S, model.split_tile)
+    elif not (ks % F == 0 and (G % F == 0 or G == ks)):
         key = key + (G, S)
     rows_per = max(1, chunk // max(K, 1))
     ii, jj = np.meshgrid(np.arange(M), np.arange(N), indexing="ij")

@@ -17,6 +17,7 @@ import numpy as np
 
 from reference.formats import get_format
 from reference.gemm import GemmModel
+from reference.gemm import split_bounds as rg_split_bounds
 
 from .device import Capabilities, Device, DeviceError
 from .sim import NAN_KEY, output_bits, round_float64, simulate_gemm
@@ -172,7 +173,7 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
                 used = m_fit
         bad = rec.add((M, N, K), _codes(exp, caps.output), _codes(got, caps.output))
         res.per_shape.append({"shape": [M, N, K], "kind": kind, "outputs": int(M * N),
-                              "matches": int(M * N - bad), "split_k": int(used.split_k),
+                              "matches": int(M * N - bad), "split_k": int(used.split_k), "split_tile": used.split_tile,
                               "group_size": used.group_size, "own_model": here is not model})
         done += M * N
         if progress:
@@ -191,29 +192,42 @@ def _random_alpha(caps, M, N, rng):
     return (f(M), f(N))
 
 
+def _split_candidates(model, K):
+    """Per-shape schedules: equal splits with any group size, then uneven splits (slices of
+    ceil(K/S) rounded up to a k-tile, as cuBLAS split-K kernels cut K) keeping the model's
+    group size; each distinct slicing once."""
+    gs = [model.group_size] + [None] + [1 << k for k in range(4, 14) if (1 << k) < K]
+    for S in (1, 2, 4, 8, 16):
+        if K % S == 0:
+            for G in gs:
+                if G is None or G >= model.fma_width:
+                    yield model.replace(split_k=S, split_tile=None, group_size=G)
+    seen = set()
+    for S in range(2, 17):
+        for T in (16, 32, 64, 128, 256):
+            m = model.replace(split_k=S, split_tile=T)
+            b = tuple(rg_split_bounds(m, K))
+            if len(b) > 1 and b not in seen and (K % S or K // S % T):
+                seen.add(b)
+                yield m
+
+
 def _try_splits(model, a, b, sa, sb, caps, alpha, got):
     """Per-shape schedule: the split of K (and the group size the kernel uses at this K)."""
     K = a.shape[1]
-    gs = [model.group_size] + [None] + [1 << k for k in range(4, 14) if (1 << k) < K]
     seen = set()
-    for S in (1, 2, 4, 8, 16):
-        if K % S:
+    for m in _split_candidates(model, K):
+        if m == model or m in seen:
             continue
-        for G in gs:
-            if G is not None and G < model.fma_width:
-                continue
-            m = model.replace(split_k=S, group_size=G)
-            if m == model or m in seen:
-                continue
-            seen.add(m)
-            e = simulate_gemm(m, a[:8], b[:, :8], scales_a=None if sa is None else sa[:8],
-                              scales_b=None if sb is None else sb[:, :8], block=caps.block,
-                              alpha=_alpha_rows(alpha, 8))
-            if not np.array_equal(e, got[:8, :8]):
-                continue
-            e = simulate_gemm(m, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
-            if np.array_equal(e, got):
-                return m
+        seen.add(m)
+        e = simulate_gemm(m, a[:8], b[:, :8], scales_a=None if sa is None else sa[:8],
+                          scales_b=None if sb is None else sb[:, :8], block=caps.block,
+                          alpha=_alpha_rows(alpha, 8))
+        if not np.array_equal(e, got[:8, :8]):
+            continue
+        e = simulate_gemm(m, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+        if np.array_equal(e, got):
+            return m
     return None
 
 

@@ -10,7 +10,10 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
 1. products p_k = a_k * b_k, exact (or rounded to ``product_format``); with
    block scales and scale_point PRODUCT, p_k *= sa[k // B] * sb[k // B] (exact).
 2. K is cut into ``split_k`` contiguous slices, each reduced by steps 3-4,
-   then the slice results are added in order with FP32 RNE.
+   then the slice results are added in order with FP32 RNE.  Slices are equal
+   (K a multiple of split_k), or with ``split_tile`` T each slice but the last
+   holds ceil(K / split_k) rounded up to a multiple of T (cuBLAS split-K on the
+   H200: K = 4096 as 3 slices of 1408, 1408, 1280); see ``split_bounds``.
 3. A slice is cut into groups of ``group_size`` products (the promotion
    interval P of FP8 GEMMs, or the group G of block-scaled GEMMs).  Each group
    starts from a zero inner accumulator and consumes ``fma_width`` products per
@@ -51,6 +54,7 @@ from .formats import FormatSpec, Specials, get_format
 from .rounding import Mode, Overflow, InfPolicy, NanPolicy, Policy, Subnormal, encode
 
 __all__ = ["ScalePoint", "AlignRef", "AlphaMode", "GemmModel", "PRESETS", "get_preset", "dot", "matmul",
+           "split_bounds",
            "accumulator_format", "round_fp", "fused_step"]
 
 
@@ -92,6 +96,7 @@ class GemmModel:
     scale_point: ScalePoint = ScalePoint.PRODUCT
     lattice: Fraction | None = None
     split_k: int = 1
+    split_tile: int | None = None
     alpha_mode: AlphaMode = AlphaMode.PREMULTIPLIED
     output: str = "float32"
     output_mode: Mode = Mode.RNE
@@ -103,6 +108,8 @@ class GemmModel:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad(name, v, "an int >= 1")
+        if self.split_tile is not None and (not isinstance(self.split_tile, int) or self.split_tile < 1):
+            bad("split_tile", self.split_tile, "None (equal slices) or an int >= 1")
         if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
             bad("group_size", self.group_size, "None or an int >= 1")
         if self.align_bits is not None and (not isinstance(self.align_bits, int) or self.align_bits < 0):
@@ -168,7 +175,8 @@ class GemmModel:
             parts.append(f"groups of {self.group_size} products added into an FP32 accumulator "
                          f"with {self.outer_mode.name}")
         if self.split_k > 1:
-            parts.append(f"K split into {self.split_k} slices summed in FP32 RNE")
+            tile = "" if self.split_tile is None else f" of ceil(K/{self.split_k}) rounded up to a multiple of {self.split_tile}"
+            parts.append(f"K split into {self.split_k} slices{tile} summed in FP32 RNE")
         if self.lattice is not None:
             parts.append(f"result snapped to multiples of {self.lattice} (RNE)")
         parts.append(f"output {self.output} ({self.output_mode.name})")
@@ -345,9 +353,9 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
             if (model.group_size or K) != block:
                 raise ValueError(f"GemmModel.group_size: scale_point GROUP needs group_size == block "
                                  f"({block}), got {model.group_size}")
-            if (K // model.split_k) % block:
-                raise ValueError(f"split_k: scale_point GROUP needs K/split_k a multiple of block "
-                                 f"({block}); got K={K}, split_k={model.split_k}")
+            if any(lo % block for lo, _ in split_bounds(model, K)):
+                raise ValueError(f"split_k: scale_point GROUP needs slices of whole blocks "
+                                 f"({block}); got K={K}, split_k={model.split_k}, split_tile={model.split_tile}")
             group_scales_all = sab
 
     exps = None
@@ -361,18 +369,12 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
             factors = [f + [exact(scales_a[k // block]), exact(scales_b[k // block])]
                        for k, f in enumerate(factors)]
         exps = [_e(f) for f in factors]
-    S = model.split_k
-    if K % S:
-        raise ValueError(f"split_k: K={K} is not a multiple of split_k={S}")
-    ks = K // S
     total: Exact | None = None
-    for s in range(S):
+    for lo, hi in split_bounds(model, K):
         gs = None
         if group_scales_all is not None:
-            gpb = ks // block
-            gs = group_scales_all[s * gpb:(s + 1) * gpb]
-        part = _reduce_slice(model, prods[s * ks:(s + 1) * ks], gs,
-                             None if exps is None else exps[s * ks:(s + 1) * ks])
+            gs = group_scales_all[lo // block:-(-hi // block)]
+        part = _reduce_slice(model, prods[lo:hi], gs, None if exps is None else exps[lo:hi])
         if total is None:
             total = part
         else:
@@ -403,6 +405,22 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
                 c = _mul(c, f)
                 c = _fp32(c) if c.is_finite else c
     return round_fp(c, model.output, model.output_mode)
+
+
+def split_bounds(model: GemmModel, K: int) -> list[tuple[int, int]]:
+    """The split-K slices [lo, hi) of a length-K dot, in reduction order."""
+    S = model.split_k
+    if model.split_tile is None:
+        if K % S:
+            raise ValueError(f"split_k: K={K} is not a multiple of split_k={S} (set split_tile "
+                             f"for uneven slices)")
+        L = K // S
+    else:
+        T = model.split_tile
+        L = -(-(-(-K // S)) // T) * T
+    if K == 0:
+        return [(0, 0)]
+    return [(lo, min(K, lo + L)) for lo in range(0, K, max(L, 1))]
 
 
 def matmul(model: GemmModel, A, B, **kw) -> list[list[Exact]]:

@@ -82,8 +82,10 @@ def family_point(draw, exponent_sum=False):
     K = a.shape[1]
     if blocked and model.scale_point is ScalePoint.GROUP:
         model = model.replace(group_size=kw["block"])
-    if K % model.split_k or (blocked and (K // model.split_k) % kw["block"]):
-        model = model.replace(split_k=1)
+    from reference.gemm import split_bounds
+    if ((model.split_tile is None and K % model.split_k)
+            or (blocked and any(lo % kw["block"] for lo, _ in split_bounds(model, K)))):
+        model = model.replace(split_k=1, split_tile=None)
     alpha = draw(st.sampled_from((None, "scalar", "tensor", "list")))
     M, N = a.shape[0], b.shape[1]
     if alpha == "scalar":

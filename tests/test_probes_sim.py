@@ -25,7 +25,8 @@ def _model(rng, block=None):
         acc_subnormal=Subnormal.FLUSH if rng.random() < 0.2 else Subnormal.KEEP,
         group_size=G, outer_mode=NM[rng.integers(6)], scale_point=sp,
         lattice=None if rng.random() < 0.8 else Fraction(1, 2 ** int(rng.integers(0, 20))),
-        split_k=int(rng.choice([1, 1, 2])),
+        split_k=int(rng.choice([1, 1, 2, 3])),
+        split_tile=None if rng.random() < 0.6 else int(rng.choice([1, 2, 4, 8])),
         alpha_mode=rg.AlphaMode(rng.choice(["exact", "premultiplied", "sequential", "reversed"])),
         output=str(rng.choice(["float32", "bfloat16", "float16"])), output_mode=NM[rng.integers(6)],
         product_format=None if rng.random() < 0.8 else "float32",
@@ -59,8 +60,8 @@ def test_simulate_matches_reference(seed):
     models, ops = [], []
     for _ in range(120):
         m = _model(rng)
-        K = int(rng.choice([1, 3, 4, 8, 16, 32]))
-        if K % m.split_k:
+        K = int(rng.choice([1, 3, 4, 8, 16, 32, 35]))
+        if K % m.split_k and m.split_tile is None:
             K *= m.split_k
         a, b = _vals(rng, K), (_vals(rng, K) if rng.random() < 0.5 else np.ones(K))
         al = None if rng.random() < 0.6 else tuple(float(np.float32(x)) for x in rng.uniform(0.1, 3, 2))
@@ -80,7 +81,7 @@ def test_block_scaled_matches_reference(seed):
         block = int(rng.choice([4, 8]))
         m = _model(rng, block)
         if m.scale_point is rg.ScalePoint.GROUP:
-            m = m.replace(split_k=1)
+            m = m.replace(split_k=1, split_tile=None)
         K = block * int(rng.integers(1, 5)) * m.split_k
         a = rng.choice(e2m1, K) * rng.choice([-1, 1], K)
         b = rng.choice(e2m1, K)
@@ -151,3 +152,18 @@ def test_reversed_alpha_literal():
         key = simulate([m], [Operands(a, b, alpha=(3.0, 1.25))])[0]
         assert bits_to_float(np.array([key]), "float32")[0] == want
         assert float(rg.dot(m, list(a), list(b), alpha=[3.0, 1.25]).to_fraction()) == want
+
+
+def test_uneven_split_literal():
+    # K = 10 in 3 slices with tile 2: ceil(10/3) = 4 -> slices [0,4) [4,8) [8,10)
+    assert rg.split_bounds(rg.GemmModel(split_k=3, split_tile=2), 10) == [(0, 4), (4, 8), (8, 10)]
+    # [2^24, 3, 3, 0], split_k = 2.  Tile 4: ceil(4/2) = 2 rounds up to 4, one slice, exact
+    # sum 2^24 + 6 (FP32 ulp there is 2).  Tile 2: slices [0,2) and [2,4): 2^24 + 3 is a tie
+    # -> 2^24 + 4 (even), then + 3 = 2^24 + 7, a tie -> 2^24 + 8.
+    a = np.array([2.0 ** 24, 3.0, 3.0, 0.0])
+    b = np.ones(4)
+    for m, want in ((rg.GemmModel(fma_width=1 << 10, split_k=2, split_tile=4), 2.0 ** 24 + 6),
+                    (rg.GemmModel(fma_width=1 << 10, split_k=2, split_tile=2), 2.0 ** 24 + 8)):
+        key = simulate([m], [Operands(a, b)])[0]
+        assert bits_to_float(np.array([key]), "float32")[0] == want
+        assert float(rg.dot(m, list(a), list(b)).to_fraction()) == want
