@@ -71,7 +71,19 @@ def grid_summary() -> dict:
 # --- prediction cache -----------------------------------------------------------------------
 _CACHE: dict = {}
 _CACHE_MAX = 3_000_000
-_MID: dict = {}  # model -> small int: hashing a GemmModel is slow, do it once per call
+_MID: dict = {}  # model -> small int: hashing a GemmModel is slow
+_GEN = [0]       # bumped when _MID is cleared: ids remembered on model objects go stale
+
+
+def _mid(m: GemmModel) -> int:
+    """The model's small id, remembered on the object (candidates persist across rounds, so
+    each is hashed once instead of once per predict call)."""
+    t = m.__dict__.get("_mid")
+    if t is not None and t[0] == _GEN[0]:
+        return t[1]
+    i = _MID.setdefault(m, len(_MID))
+    m.__dict__["_mid"] = (_GEN[0], i)  # not a dataclass field: equality and hashing ignore it
+    return i
 
 
 def _sig(probe) -> bytes:
@@ -91,7 +103,7 @@ def predict(models: list, probes: list) -> np.ndarray:
     out = np.empty((len(models), len(probes)), np.int64)
     miss_m, miss_p, where = [], [], []
     sigs = [_sig(p) for p in probes]
-    mids = [_MID.setdefault(m, len(_MID)) for m in models]
+    mids = [_mid(m) for m in models]
     for i, m in enumerate(models):
         mi = mids[i]
         for j, s in enumerate(sigs):
@@ -109,7 +121,8 @@ def predict(models: list, probes: list) -> np.ndarray:
         if len(_MID) > _CACHE_MAX:
             _MID.clear()
             _CACHE.clear()
-            mids = [_MID.setdefault(m, len(_MID)) for m in models]
+            _GEN[0] += 1
+            mids = [_mid(m) for m in models]
         for (i, j), v in zip(where, res):
             out[i, j] = v
             _CACHE[(mids[i], sigs[j])] = int(v)
@@ -121,6 +134,7 @@ def _fast_replace(m: GemmModel, **kw) -> GemmModel:
     """dataclasses.replace without re-validation (values come from the validated grid)."""
     c = object.__new__(GemmModel)
     c.__dict__.update(m.__dict__)
+    c.__dict__.pop("_mid", None)  # another model: its own id
     c.__dict__.update(kw)
     return c
 
