@@ -77,6 +77,33 @@ def precheck_shapes(dev, model, shapes=None, *, seed=0) -> list:
     return out
 
 
+def pick_survivor(dev, survivors, *, seed=0, limit=16):
+    """Among candidates that every probe left equivalent, the first (simplest) one that also
+    reproduces two random batches (heavy-tailed, cancelling) at the probe shape; None if none
+    does.  Narrow outputs can hide a parameter from every probe but not from random sums."""
+    import numpy as np
+    from .validate import _random_alpha, random_operands
+    from .sim import output_bits, simulate_gemm
+    caps = dev.caps
+    rng = np.random.default_rng(seed)
+    K = min(1024, caps.max_k - caps.max_k % caps.k_step())
+    mn = -(-64 // caps.mn_multiple) * caps.mn_multiple
+    batches = []
+    for kind in ("heavy", "cancel"):
+        a, b, sa, sb = random_operands(caps, mn, mn, K, rng, kind)
+        alpha = _random_alpha(caps, mn, mn, rng)
+        try:
+            got = output_bits(dev(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+        except Exception:
+            return None
+        batches.append((a, b, sa, sb, alpha, got))
+    for m in survivors[:limit]:
+        if all(np.array_equal(simulate_gemm(m, a, b, scales_a=sa, scales_b=sb, block=caps.block,
+                                            alpha=al), got) for a, b, sa, sb, al, got in batches):
+            return m
+    return None
+
+
 def infer_shapes(dev, shapes, *, quick=False, seed=0, progress=None) -> tuple[dict, list]:
     """Inference at each given (M, N, K) on its own.  Returns ({shape: model} for the shapes
     that fit, report entries for all of them)."""
@@ -145,6 +172,15 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, pe
         extra["equivalent_candidates"] = len(res.survivors)
         rec["notes"].append(f"{len(res.survivors)} candidates are observationally equivalent on every probe; "
                             f"reported: the simplest (parameters left open: {', '.join(res.undetermined)})")
+    if res.status == "fit" and len(res.survivors) > 1:
+        pick = pick_survivor(dev, res.survivors, seed=seed + 3)
+        if pick is not None and pick != res.survivors[0]:
+            res.model = pick.replace(name="inferred")
+            rec["model"] = res.model.to_dict()
+            rec["model_summary"] = res.model.describe()
+            extra["short"] = short(res.model)
+            rec["notes"].append("the probes left several candidates equivalent; two random batches "
+                                "chose this one over the simplest")
     if res.status == "fit" and outputs > 0:
         if progress:
             progress(stage="validation", candidates=1)

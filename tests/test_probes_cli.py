@@ -44,3 +44,18 @@ def test_probe_cli_extra_device_that_crashes(tmp_path, monkeypatch):
     st = {d["name"]: d["status"] for d in r["devices"]}
     assert st["user-boom"] == "error" and st["virtual-nvfp4-probe_matched"] == "fit"
     _ = np
+
+
+def test_pick_survivor_prefers_the_candidate_random_sums_confirm():
+    # bf16 output hides the accumulator's normalization from the probes; random sums do not
+    from probes.backends.virtual import virtual_device
+    from probes.cli import pick_survivor
+    from probes.device import Capabilities
+    from reference.gemm import GemmModel
+    from reference.rounding import Mode
+    caps = Capabilities("float8_e4m3fn", "float8_e4m3fn", "bfloat16", k_multiple=16, max_k=1024)
+    right = GemmModel(fma_width=32, align_bits=13, acc_frac_bits=13, norm_mode=Mode.RTZ, output="bfloat16")
+    wrong = right.replace(norm_mode=Mode.RNE)
+    dev = virtual_device(right, caps, "v-narrow")
+    assert pick_survivor(dev, [wrong, right]) == right
+    assert pick_survivor(dev, [wrong]) is None
