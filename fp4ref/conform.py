@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import json
 import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -589,19 +586,8 @@ def write_matrix(results: list[CellResult], path: str) -> None:
     """Atomic JSON write (temp file in the target directory, then os.replace)."""
     obj = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
            "cells": [r.as_json() for r in results]}
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-conform-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from reports.schema import write_json_atomic  # the project's one atomic writer
+    write_json_atomic(path, obj)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,10 +10,7 @@ available on the device (torch, and Triton on CUDA) is checked.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 
 import torch
@@ -145,19 +142,8 @@ def _patterns(start: int, n: int, stride: int, device) -> torch.Tensor:
 
 
 def _write_json(path: str, obj) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".verify-", suffix=".json", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from reports.schema import write_json_atomic  # the project's one atomic writer
+    write_json_atomic(path, obj)
 
 
 def _parse(argv):
