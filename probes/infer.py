@@ -51,6 +51,7 @@ G_SMALL = tuple(1 << k for k in range(1, 8))         # 2 .. 128
 P_GRID = tuple(range(P.ACC_BITS_MIN, 24))            # accumulator fraction bits
 LATTICE_GRID = (None,) + tuple(Fraction(1, 1 << k) for k in range(0, 41))
 SPLIT_GRID = (1, 2, 4, 8, 16)
+SPLIT_TILES = (16, 32, 64, 128, 256)                 # k-tiles of uneven split-K slices
 
 
 def W_GRID(p: int):
@@ -180,7 +181,7 @@ def product_quantum(caps) -> Fraction:
 def _pref(m: GemmModel):
     """Order among observationally equivalent candidates: simplest first."""
     mi = {x: i for i, x in enumerate(ROUND_MODES)}
-    return (m.product_format is not None, m.lattice is not None, m.split_k,
+    return (m.product_format is not None, m.lattice is not None, m.split_k, m.split_tile or 0,
             m.group_size is not None, m.group_size or 0,
             m.align_bits is not None, m.align_bits or 0, -m.acc_frac_bits, m.fma_width,
             ALIGN_MODES.index(m.align_mode), m.align_ref is AlignRef.EXPONENT_SUM, mi[m.norm_mode], mi[m.outer_mode], mi[m.output_mode],
@@ -196,7 +197,7 @@ def short(m: GemmModel) -> str:
              f"p{m.acc_frac_bits}:{m.norm_mode.name}"]
     parts.append("G-" if m.group_size is None else f"G{m.group_size}:{m.outer_mode.name}")
     if m.split_k != 1:
-        parts.append(f"S{m.split_k}")
+        parts.append(f"S{m.split_k}" + (f"/T{m.split_tile}" if m.split_tile else ""))
     if m.lattice is not None:
         parts.append(f"L{m.lattice}")
     if m.product_format:
@@ -292,6 +293,7 @@ class Inference:
             self.K = K
         self.ctx = P.ProbeContext(self.caps, self.K, fixed_k=shape is not None)
         self.asked: list = []           # (Probe, key)
+        self.uneven = False             # long stage's broad pass: groups reopened, uneven slices
         self.records: list = []
         self.record_limit = record_limit
         self.fmt = self.caps.output
@@ -328,6 +330,11 @@ class Inference:
             st.append(Stage("alpha", "alpha_mode",
                             lambda S: [m.replace(alpha_mode=a) for m in S for a in AlphaMode],
                             lambda ctx: P.cached_pool(P.alpha_pool, ctx)))
+        # the early stages ignored the sign of exact zeros (split-K was unknown); now it is
+        # known, their probes may split the survivors by it (e.g. x + -x = -0 under RDN)
+        blind = [s_ for s_ in st if s_.name in ZERO_BLIND]
+        st.append(Stage("zero", "signs of exact zeros", lambda S: S,
+                        lambda ctx: [p for s_ in blind for p in s_.pool(ctx) if _zero_sign_probe(p)]))
         return st
 
     def _expand_inner(self, S):
@@ -365,17 +372,37 @@ class Inference:
         return out
 
     def _expand_long(self, S):
+        """First pass: the width stage's groups kept, equal split-K slices.  Broad pass (when
+        the first explains no observation, ``self.uneven``): a group boundary the width stage
+        saw may be a slice boundary instead, and slice sums seen as groups can mimic another
+        outer rounding, so groups are reopened (none, longer, every outer mode) and uneven
+        slices are tried too."""
         out = []
         K = self.K
+        broad = self.uneven
         gl = [1 << k for k in range(6 if self.quick else 8, 14) if (1 << k) <= K // 2]
         for m in S:
-            gs = [m.group_size] if m.group_size is not None else [None] + gl
+            if m.group_size is None:
+                gs = [None] + gl
+            elif broad:
+                gs = [m.group_size, None] + [g for g in gl if g > m.group_size]
+            else:
+                gs = [m.group_size]
             for G in gs:
-                for om in ((m.outer_mode,) if G == m.group_size else ROUND_MODES):
+                if G is None:
+                    oms = (m.outer_mode,)
+                elif G != m.group_size or broad:
+                    oms = ROUND_MODES
+                else:
+                    oms = (m.outer_mode,)
+                for om in oms:
                     for s in SPLIT_GRID:
                         if K % s or (G is not None and G > K // s):
                             continue
                         out.append(_fast_replace(m, group_size=G, outer_mode=om, split_k=s))
+                    for s, T in (_uneven_splits(K) if broad else ()):
+                        out.append(_fast_replace(m, group_size=G, outer_mode=om, split_k=s,
+                                                 split_tile=T))
         return out
 
     # -- engine -----------------------------------------------------------------------------------
@@ -402,7 +429,9 @@ class Inference:
                              "candidates_before": int(len(cands_before)),
                              "candidates_after": int(n_after), "format": self.fmt})
 
-    def _select(self, cands, pool, asked_sigs):
+    def _select(self, cands, pool, asked_sigs, blind=False):
+        """``blind``: the stage ignores the sign of a zero result, so probes that split the
+        candidates only by it are worth nothing there."""
         rem = [p for p in pool if _sig(p) not in asked_sigs]
         if not rem:
             return []
@@ -414,6 +443,8 @@ class Inference:
         for lo in range(0, len(rem), self.sample):
             chunk = [rem[i] for i in order[lo:lo + self.sample]]
             pr = predict(cs, chunk)
+            if blind:
+                pr = _fold_zero(pr, self.fmt)
             H = np.array([_entropy(pr[:, j]) for j in range(pr.shape[1])])
             if H.max() <= 0:
                 continue
@@ -460,7 +491,7 @@ class Inference:
         asked = {_sig(p) for p, _ in self.asked}
         self.progress(stage=stage.name, candidates=len(cands))
         while len(cands) > 1:
-            chosen = self._select(cands, pool, asked)
+            chosen = self._select(cands, pool, asked, stage.name in ZERO_BLIND)
             if not chosen:
                 break
             keys = self.observe(chosen)
@@ -475,6 +506,39 @@ class Inference:
                 self._explain(before, stage)
                 raise NoFit(f"stage {stage.name}: no candidate of the family reproduces the observed outputs")
         return cands
+
+    def _random_checks(self, survivors):
+        """The zero signs the early stages ignored must match now that split-K is known;
+        then the chosen model must reproduce unseen random probes."""
+        probes_ = [p for p, _ in self.asked]
+        keys_ = np.array([k for _, k in self.asked], np.int64)
+        if probes_:
+            exact = (predict(survivors, probes_) == keys_[None, :]).all(axis=1)
+            if exact.any():
+                survivors = [c for c, o in zip(survivors, exact) if o]
+        if self._checks is None:
+            checks = P.random_pool(self.ctx, 12, self.seed + 21, "normal") + \
+                P.random_pool(self.ctx, 8, self.seed + 22, "cancel") + \
+                P.random_pool(self.ctx, 8, self.seed + 23, "heavy")
+            keys = self.observe(checks)
+            for p, k in zip(checks, keys):
+                self.asked.append((p, int(k)))
+                self.asked_stage.append("check")
+            self._checks = ([p for p, _ in self.random_obs] + checks,
+                            np.concatenate([[k for _, k in self.random_obs], keys]).astype(np.int64))
+        checks, keys = self._checks
+        before = survivors
+        survivors, _ = self._filter(survivors, checks, keys, "check")
+        if not survivors:
+            self._explain(before, "check")
+            raise NoFit("random checks: no surviving candidate reproduces them")
+        return survivors
+
+    def _stage_checked(self, st, survivors):
+        out = self._check_all(self.run_stage(st, survivors))
+        if not out:
+            raise NoFit(f"after stage {st.name}: no candidate reproduces every observation")
+        return out
 
     def _explain(self, before, stage):
         """For the last candidates, the first observed probe each one mispredicts."""
@@ -526,39 +590,36 @@ class Inference:
         self.closest = None
         self.random_obs = []
         self.asked_stage = []
+        self._checks = None
         res = InferenceResult("error")
         try:
             if not self.determinism():
                 res.status = "nondeterministic"
                 return self._finish(res, t0)
             survivors = [GemmModel("inferred", output=self.caps.output)]
-            for st in self.stages():
-                survivors = self.run_stage(st, survivors)
-                survivors = self._check_all(survivors)
-                if not survivors:
-                    raise NoFit(f"after stage {st.name}: no candidate reproduces every observation")
-            # split-K is known now: the zero signs the early stages ignored must match too
-            probes_ = [p for p, _ in self.asked]
-            keys_ = np.array([k for _, k in self.asked], np.int64)
-            if probes_:
-                exact = (predict(survivors, probes_) == keys_[None, :]).all(axis=1)
-                if exact.any():
-                    survivors = [c for c, o in zip(survivors, exact) if o]
-            # random checks: the chosen model must reproduce unseen random probes
-            checks = P.random_pool(self.ctx, 12, self.seed + 21, "normal") + \
-                P.random_pool(self.ctx, 8, self.seed + 22, "cancel") + \
-                P.random_pool(self.ctx, 8, self.seed + 23, "heavy")
-            keys = self.observe(checks)
-            for p, k in zip(checks, keys):
-                self.asked.append((p, int(k)))
-                self.asked_stage.append("check")
-            checks = [p for p, _ in self.random_obs] + checks
-            keys = np.concatenate([[k for _, k in self.random_obs], keys]).astype(np.int64)
-            before = survivors
-            survivors, _ = self._filter(survivors, checks, keys, "check")
-            if not survivors:
-                self._explain(before, "check")
-                raise NoFit("random checks: no surviving candidate reproduces them")
+            stages = self.stages()
+            i_long = next(i for i, st in enumerate(stages) if st.name == "long")
+            i, saved = 0, None
+            while True:
+                try:
+                    for st in stages[i:]:
+                        if st.name == "long":
+                            saved = (survivors, len(self.notes))
+                        survivors = self._stage_checked(st, survivors)
+                    survivors = self._random_checks(survivors)
+                    break
+                except NoFit:
+                    if self.uneven or saved is None:
+                        raise
+                    # equal split-K slices explain no long run or random check: the stages
+                    # from "long" on again, uneven slices included (cuBLAS split-K kernels)
+                    self.uneven = True
+                    survivors, n = saved
+                    del self.notes[n:]
+                    self.closest = None
+                    self.notes.append("the width stage's groups with equal split-K slices explain no "
+                                      "observation: groups reopened, uneven slices tried")
+                    i = i_long
             survivors = sorted(survivors, key=_pref)
             res.model = survivors[0].replace(name="inferred")
             res.survivors = survivors
@@ -609,12 +670,45 @@ class Inference:
                 dict(name=f"group-boundary scan (inferred model), n={n}", x=pos, y=ym, **base)]
 
 
+def _zero_sign_probe(p) -> bool:
+    """Probes whose output can be a zero of either sign: cancellation (the exact sum at
+    least 2^10 below the largest term, so an accumulator may lose what is left), or one
+    term (a lattice may round it to a signed zero)."""
+    if p.terms is None:
+        return False
+    vals = [abs(P._term_value(t)) for t in p.terms]
+    S = abs(sum(P._term_value(t) for t in p.terms))
+    return S * 1024 <= max(vals) or sum(1 for v in vals if v) == 1
+
+
+@functools.lru_cache(maxsize=None)
+def _uneven_splits(K: int) -> tuple:
+    """(S, T) of the uneven split-K schedules (slices of ceil(K/S) rounded up to a k-tile T,
+    the last shorter, as cuBLAS split-K kernels cut K) that no equal split of SPLIT_GRID
+    already gives; each distinct slicing once."""
+    from reference.gemm import split_bounds
+    Ks = (K, K // 2, K // 4)  # the long pool's probe lengths
+
+    def sl(m):
+        return tuple(tuple(split_bounds(m, k)) if k % m.split_k == 0 or m.split_tile else None
+                     for k in Ks)
+    seen = {sl(GemmModel("s", split_k=s)) for s in SPLIT_GRID if K % s == 0}
+    out = []
+    for S in range(2, 17):
+        for T in SPLIT_TILES:
+            b = sl(GemmModel("s", split_k=S, split_tile=T))
+            if len(b[0]) > 1 and b not in seen:
+                seen.add(b)
+                out.append((S, T))
+    return tuple(out)
+
+
 def _undetermined(ms: list) -> dict:
     out = {}
     if len(ms) <= 1:
         return out
     for f in ("fma_width", "align_bits", "align_mode", "acc_frac_bits", "norm_mode", "group_size",
-              "outer_mode", "lattice", "split_k", "product_format", "acc_subnormal", "alpha_mode",
+              "outer_mode", "lattice", "split_k", "split_tile", "product_format", "acc_subnormal", "alpha_mode",
               "output_mode", "scale_point"):
         vals = sorted({str(getattr(m, f)) for m in ms})
         if len(vals) > 1:

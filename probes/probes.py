@@ -29,6 +29,7 @@ import numpy as np
 
 from reference.exact import floor_log2
 from reference.formats import FormatSpec, get_format
+from reference.rounding import Mode, round_exact
 
 from .device import Capabilities
 from .sim import Operands
@@ -52,6 +53,7 @@ class Probe:
     ops: Operands
     pattern: str = ""
     pid: int = field(default=-1)
+    terms: tuple | None = None   # the target products (ProbeContext.make), for anchoring
 
     def record_operands(self) -> dict:
         d = {"K": self.ops.K, "pattern": self.pattern}
@@ -306,7 +308,8 @@ class ProbeContext:
         ops = self.realizer.realize(terms, alpha=alpha, align=align)
         if ops is None:
             return None
-        return Probe(name, parameter, description, ops, pattern or _pattern(terms))
+        return Probe(name, parameter, description, ops, pattern or _pattern(terms),
+                     terms=tuple(terms) if alpha is None and align == "right" else None)
 
 
 def _pattern(terms) -> str:
@@ -340,6 +343,43 @@ _POOLS: dict = {}
 _REALIZERS: dict = {}
 
 
+def _term_value(t) -> Fraction:
+    return Fraction(t[0]) * Fraction(t[1]) if isinstance(t, tuple) else Fraction(t)
+
+
+def anchored(ctx: "ProbeContext", probes: list) -> list:
+    """Narrow outputs hide the accumulator's low bits: each probe again with one more
+    term, a power of two placed last, that puts the exact sum on a tie of the output
+    format (half an output ulp above or below the sum's nearest output value).  The
+    output's rounding then shows on which side of the tie each candidate's accumulator
+    lands.  The anchor sits on a coarse grid (half an output ulp), which every accumulator
+    of the grid holds exactly; the simulator predicts each candidate either way."""
+    fo = get_format(ctx.caps.output)
+    blk = ctx.caps.block if ctx.caps.block_scaled else None
+    out = []
+    for p in probes:
+        if p.terms is None:
+            continue
+        S = sum((_term_value(t) for t in p.terms), Fraction(0))
+        if S == 0:
+            continue
+        L0 = round_exact(S, fo, Mode.RNE)[0]
+        if L0 == 0:
+            continue  # below the output's range: no tie to sit on
+        e = floor_log2(L0)
+        h = pow2(e - fo.man_bits - 1)                  # half an ulp above |L0|
+        below = h / 2 if L0 == pow2(e) else h          # half an ulp below |L0|
+        sg = 1 if S > 0 else -1
+        pad = [Fraction(0)] * (blk - 1) if blk else []  # the anchor in a block of its own
+        for a, what in ((sg * h, "above"), (-sg * below, "below")):
+            q = ctx.make(list(p.terms) + pad + [a], f"{p.name} @tie {what}", p.parameter,
+                         p.description + f"; plus {_fr(a)}: the sum sits on a "
+                         f"{fo.name} tie, so the output shows the accumulator's low bits")
+            if q is not None and q.ops.K <= ctx.K:
+                out.append(q)
+    return out
+
+
 def cached_pool(fn, ctx: "ProbeContext", *args) -> list:
     """Pools depend only on the formats, K and the accumulator range: build each once."""
     key = (fn.__name__, ctx.caps, ctx.K, ctx.acc_bits, ctx.fixed_k, args)
@@ -348,7 +388,10 @@ def cached_pool(fn, ctx: "ProbeContext", *args) -> list:
             ctx.realizer = _REALIZERS[(ctx.caps, ctx.K)]
         else:
             _REALIZERS[(ctx.caps, ctx.K)] = ctx.realizer
-        _POOLS[key] = fn(ctx, *args)
+        pool = fn(ctx, *args)
+        if get_format(ctx.caps.output).man_bits < ACC_BITS_MIN - 2 and fn in _ANCHORED:
+            pool = pool + anchored(ctx, pool)
+        _POOLS[key] = pool
     return _POOLS[key]
 
 
@@ -666,20 +709,43 @@ def subnormal_pool(ctx: ProbeContext) -> list:
 
 
 def alpha_pool(ctx: ProbeContext, seed: int = 7) -> list:
+    """Accumulator value c = 2^e0 (1 + m 2^-9) (exact in every accumulator of the grid)
+    times per-tensor / per-row factors whose product is inexact in FP32.  Narrow outputs
+    round away the FP32 steps that tell the alpha modes apart unless c * alpha sits near an
+    output tie: there the second factor is aimed at a tie, and the pool keeps the probes on
+    which the four modes (simulated on an exact accumulator) disagree."""
     rng = np.random.default_rng(seed)
+    fo = get_format(ctx.caps.output)
+    narrow = fo.man_bits < 23
     out = []
     e0 = ctx.bases(12)[0]
-    for i in range(48):
+    for i in range(2000 if narrow else 48):
         sa = float(np.float32(rng.uniform(0.5, 2.0)))
         sb = float(np.float32(rng.uniform(0.5, 2.0)))
         if i % 4 == 0:
             sb = float(np.float32(1 + 2.0 ** -23 * int(rng.integers(1, 64))))
         m = int(rng.integers(1, 1 << 7)) * 2 + 1
-        terms = [pow2(e0), m * pow2(e0 - 9)]
-        out.append(ctx.make(terms, f"alpha {i}", "alpha_mode",
+        c = pow2(e0) * (1 + m * pow2(-9))
+        if narrow:  # c * sa * sb a few FP32 ulps from a tie of the output format
+            v = float(c) * sa
+            t = (np.floor(v / 2.0 ** (floor_log2(Fraction(v)) - fo.man_bits)) + 0.5) \
+                * 2.0 ** (floor_log2(Fraction(v)) - fo.man_bits)
+            sb = float(np.float32(t / v))
+            sb = float(np.nextafter(np.float32(sb), np.float32(np.inf if rng.integers(2) else 0),
+                                    dtype=np.float32)) if i % 3 else sb
+        out.append(ctx.make([pow2(e0), m * pow2(e0 - 9)], f"alpha {i}", "alpha_mode",
                             "per-tensor / per-row factors whose product is inexact in FP32",
                             alpha=(sa, sb), spread=True))
-    return _keep(out)
+    out = _keep(out)
+    if narrow and out:
+        from reference.gemm import AlphaMode, GemmModel
+        from .sim import simulate
+        ms = [GemmModel("alpha", output=ctx.caps.output, alpha_mode=a) for a in AlphaMode]
+        ops = [p.ops for p in out]
+        keys = np.asarray(simulate([m for m in ms for _ in ops], ops * len(ms))).reshape(len(ms), -1)
+        split = (keys != keys[:1]).any(0)
+        out = [p for p, s_ in zip(out, split) if s_][:48]
+    return out
 
 
 def random_pool(ctx: ProbeContext, n: int, seed: int, kind: str = "mixed", K: int | None = None) -> list:
@@ -696,3 +762,8 @@ def random_pool(ctx: ProbeContext, n: int, seed: int, kind: str = "mixed", K: in
         out.append(Probe(f"random {kind} {i}", "check", f"random {kind} operands, K={K}", ops,
                          f"random {kind}"))
     return out
+
+
+# pools whose probes narrow outputs need anchored (the long and alpha pools' probes already
+# differ by whole output ulps; anchoring long probes would cost seconds to realize)
+_ANCHORED = (lattice_pool, inner_pool, width_pool, subnormal_pool)
