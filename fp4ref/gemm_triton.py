@@ -18,7 +18,9 @@ that is the model's own rounding):
   is lost by alignment to a >= 23-bit window, and the result is an FP32 value).
   A single block (16 or 32 products) always satisfies it (< 2**20 u).  Two blocks
   (32 products, "pair") satisfy it when a Cauchy-Schwarz bound from per-block
-  norms says so; the host checks this per 128x128 output tile (``_route``).
+  norms says so; the host checks this per 128x128 output tile (``_route``; per call a
+  kernel computes the per-tile bounds, ``_pair_bounds``, and the BLOCK scheme is built
+  only when some tile fails the certificate).
 * Group of 64 (probe_matched): pair tiles: S = fl(t0 + t1) of two exact FP32
   pair sums is the RNE rounding of the exact group sum (IEEE addition of two
   floats is correctly rounded).  Block tiles: four exact block sums are added
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -158,7 +161,12 @@ def _check_max(checks):
     if not checks:
         return
     mx = torch.stack([c[1].max() for c in checks]).tolist()   # all uint8
-    for (name, _, lim, fmt), m in zip(checks, mx):
+    _raise_codes([(name, m, lim, fmt) for (name, _, lim, fmt), m in zip(checks, mx)])
+
+
+def _raise_codes(items):
+    """Raise for the first (name, max code, limit, fmt) whose max reaches the limit."""
+    for name, m, lim, fmt in items:
         if m >= lim and fmt == "e2m1":
             raise ValueError(f"{name}: codes must be 4-bit e2m1 codes (0..15) when unpacked")
         if m >= lim:
@@ -380,9 +388,9 @@ def _build():
         return (bits | ((c >> 3) << 31)).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _decode_kernel(CODES, SC, SLUT, VLUT, OUT, SQ, NBT, HB: tl.constexpr, NBP: tl.constexpr,
-                       PACKED: tl.constexpr, SCALE: tl.constexpr, WANT_SQ: tl.constexpr,
-                       I64: tl.constexpr):
+    def _decode_kernel(CODES, SC, SLUT, VLUT, OUT, SQ, STATS, NBT, LIMC, LIMS, HB: tl.constexpr,
+                       NBP: tl.constexpr, PACKED: tl.constexpr, SCALE: tl.constexpr,
+                       WANT_SQ: tl.constexpr, I64: tl.constexpr, CHECK: tl.constexpr):
         # operand blocks are contiguous: block i = code words [i*HB, (i+1)*HB) (a word = two
         # codes: a packed byte, or two one-code bytes read as int16), scale code i, output
         # int32 words [i*HB, (i+1)*HB) holding two bf16 values (low half first)
@@ -394,6 +402,12 @@ def _build():
         bm = bi < NBT
         off = bi[:, None] * HB + tl.arange(0, HB)[None, :]
         w = tl.load(CODES + off, mask=bm[:, None], other=0).to(tl.int32)
+        if CHECK:  # code-range check (host reads STATS later); SLUT has 256 entries
+            if not PACKED:
+                cm = tl.maximum(tl.max(w & 255), tl.max((w >> 8) & 255))
+                tl.atomic_max(STATS, cm, mask=cm >= LIMC)   # only bad codes: no contention
+            sm = tl.max(tl.load(SC + bi, mask=bm, other=0).to(tl.int32))
+            tl.atomic_max(STATS + 1, sm, mask=sm >= LIMS)
         lo = w & 15
         if PACKED:
             hi = (w >> 4) & 15
@@ -413,8 +427,59 @@ def _build():
         word = (uhi & 0xFFFF0000) | (ulo >> 16)   # bf16 = high half of the (exact) fp32
         tl.store(OUT + off, word.to(tl.int32, bitcast=True), mask=bm[:, None])
 
+    @triton.jit
+    def _bounds_kernel(SQA, SCA, SQB, SCB, XN, BAD, STATS, SQRT, SANE, UE1, NF, RA, RB, MT, TA, TB,
+                       NB, NBP, SQN, NP: tl.constexpr, TM: tl.constexpr, PC: tl.constexpr,
+                       XON: tl.constexpr):
+        # one row tile of A (t < MT) or B: XN[t, b] = max over the tile's rows of the
+        # pair-normalized bound X * 2**-up (``_side_bounds`` + ``pair_norm`` of ``_route``,
+        # same float64 operations); BAD[row] = a non-finite scale in the row
+        t = tl.program_id(0)
+        isa = t < MT
+        if isa:
+            sqp = SQA
+            scp = SCA
+        else:
+            sqp = SQB
+            scp = SCB
+        R = tl.where(isa, RA, RB)
+        T = tl.where(isa, TA, TB)
+        r0 = tl.where(isa, t * TA, (t - MT) * TB)
+        ri = tl.arange(0, TM)
+        rows = r0 + ri
+        rm = (ri < T) & (rows < R)
+        roff = rows.to(tl.int64) * NB
+        cst = tl.load(SQRT + SQN)              # 1 + 2**-40 (float64)
+        bad = tl.zeros((TM,), dtype=tl.int32)
+        for p0 in range(0, NP, PC):          # NP = NBP / 2 pairs (constexpr, as K elsewhere)
+            c0 = 2 * (p0 + tl.arange(0, PC))
+            c1 = c0 + 1
+            m0 = rm[:, None] & (c0[None, :] < NB)
+            m1 = rm[:, None] & (c1[None, :] < NB)
+            s0 = tl.load(scp + roff[:, None] + c0[None, :], mask=m0, other=0).to(tl.int32)
+            s1 = tl.load(scp + roff[:, None] + c1[None, :], mask=m1, other=0).to(tl.int32)
+            bad = tl.maximum(bad, tl.max(tl.maximum(tl.load(NF + s0), tl.load(NF + s1)), axis=1))
+            if XON:
+                q0 = tl.load(sqp + roff[:, None] + c0[None, :], mask=m0, other=0.0)
+                q1 = tl.load(sqp + roff[:, None] + c1[None, :], mask=m1, other=0.0)
+                # |s| * sqrt(sq) * (1 + 2**-40): sq is a multiple of 1/4, sqrt by table
+                k0 = tl.minimum((q0 * 4).to(tl.int32), SQN - 1)   # <= 144 * block anyway
+                k1 = tl.minimum((q1 * 4).to(tl.int32), SQN - 1)
+                x0 = tl.load(SANE + s0) * tl.load(SQRT + k0) * cst
+                x1 = tl.load(SANE + s1) * tl.load(SQRT + k1) * cst
+                u0 = tl.where(x0 > 0, tl.load(UE1 + s0), 1 << 20)
+                u1 = tl.where(x1 > 0, tl.load(UE1 + s1), 1 << 20)
+                e = tl.minimum(tl.maximum(-tl.minimum(u0, u1), -1022), 1022)
+                p2 = ((e + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+                xo = XN + t.to(tl.int64) * NBP
+                tl.store(xo + c0, tl.max(x0 * p2, axis=0), mask=c0 < NBP)
+                tl.store(xo + c1, tl.max(x1 * p2, axis=0), mask=c1 < NBP)
+        tl.store(BAD + tl.where(isa, 0, RA) + rows, bad.to(tl.uint8), mask=rm)
+        nbad = tl.sum(bad)
+        tl.atomic_add(STATS + tl.where(isa, 4, 5), nbad, mask=nbad > 0)
+
     return dict(pair=_pair_kernel, block=_block_kernel, mx=_mx_kernel, decoded=_decoded_kernel,
-                decode=_decode_kernel)
+                decode=_decode_kernel, bounds=_bounds_kernel)
 
 
 _KERNELS: dict = {}
@@ -514,6 +579,21 @@ def _aux(kind: str, sfmt: str, device) -> torch.Tensor:
     (float32 square of an e2m1 value, per code), "sqb"
     (per packed byte: square of the low plus the high nibble's value; exact)."""
     key = (kind, sfmt, str(device))
+    if key not in _AUX and kind.endswith(":256"):
+        # padded to 256 codes (0 past the format's codes, ints as int32) for look-ups that run
+        # before the code-range check is read back: any uint8 code stays in bounds
+        if kind == "nf:256":   # 1 where the scale is not finite
+            t = (~torch.isfinite(_lut(sfmt, "cpu"))).int()
+        else:
+            t = _aux(kind[:-4], sfmt, "cpu")
+            t = t.int() if t.dtype == torch.int64 else t
+        _AUX[key] = torch.cat([t, t.new_zeros(256 - t.numel())]).to(device)
+    if key not in _AUX and kind.startswith("sqrt"):
+        # float64 sqrt(k / 4) for the block's sums of squares k / 4 <= 36 * block (exact
+        # multiples of 1/4), then the bound's factor 1 + 2**-40 (``_side_bounds``)
+        k = torch.arange(4 * 36 * int(kind[4:]) + 1, dtype=torch.float64)
+        t = torch.cat([torch.sqrt(k / 4), torch.tensor([1 + 2.0 ** -40], dtype=torch.float64)])
+        _AUX[key] = t.to(device)
     if key not in _AUX and kind in ("sane64", "ue1"):   # |sane| as float64; ue - 1
         t = _aux("sane", sfmt, "cpu").double().abs() if kind == "sane64" else \
             _aux("ue", sfmt, "cpu") - 1
@@ -550,10 +630,11 @@ def _block_sq(op: _Op, block: int) -> torch.Tensor:
     return q.view(op.R, op.K // block, block).sum(-1)
 
 
-def _decode_bf16(op: _Op, block: int, scale: bool, want_sq: bool):
+def _decode_bf16(op: _Op, block: int, scale: bool, want_sq: bool, stats=None, slot: int = 0):
     """(bf16 [R, K] = a * s_a (or a alone when not ``scale``), exact; per-block sums of squares
     float32 [R, nb] or None).  One fused Triton pass (torch fallback: FP4REF_GEMM_TORCH_DECODE=1
-    or no kernel available)."""
+    or no kernel available).  ``stats`` (int32, zeros; kernel pass only): the pass also checks
+    the code ranges, stats[slot] / [slot + 1] = max e2m1 / scale code where out of range."""
     R, K = op.R, op.K
     nb = K // block
     dev = op.codes.device
@@ -571,9 +652,12 @@ def _decode_bf16(op: _Op, block: int, scale: bool, want_sq: bool):
     NBP = max(1, 2048 // HB)                # 4 KiB of codes (unpacked) / 8 KiB bf16 per program
     nbt = R * nb
     grid = (triton.cdiv(nbt, NBP),)
-    _k("decode")[grid](codes, op.scode, sane, _lut("float4_e2m1fn", dev), out.view(torch.int32),
-                       sq, nbt, HB=HB, NBP=NBP, PACKED=op.packed, SCALE=scale, WANT_SQ=want_sq,
-                       I64=(nbt * HB >= 2 ** 31 - NBP * HB), num_warps=4)
+    check = stats is not None
+    _k("decode")[grid](codes, op.scode, _aux("sane:256", op.sfmt, dev), _lut("float4_e2m1fn", dev),
+                       out.view(torch.int32), sq, stats[slot:] if check else sq, nbt, 16,
+                       get_format(op.sfmt).ncodes, HB=HB, NBP=NBP, PACKED=op.packed, SCALE=scale,
+                       WANT_SQ=want_sq, I64=(nbt * HB >= 2 ** 31 - NBP * HB), CHECK=check,
+                       num_warps=4)
     return out, (sq if want_sq else None)
 
 
@@ -610,15 +694,52 @@ def _p2(e: torch.Tensor) -> torch.Tensor:
     return _pow2(e)
 
 
-def _route(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa=None, sqb=None):
-    """Tile modes [Mt, Nt] (PAIR / BLOCK / FIX) and the BLOCK kernel's offset tables.
-    sqa / sqb: per-block sums of squares (from the decode kernel), computed here if None."""
+def _pair_ok(XAn: torch.Tensor, XBn: torch.Tensor) -> torch.Tensor:
+    """Pair certificate per tile, bool [Mt, Nt]: sum_b X'_ib Y'_jb < 2**_WIN over each pair,
+    from the per-tile pair-normalized bounds XAn [Mt, nbp], XBn [Nt, nbp] (float64)."""
+    (Mt, nbp), Nt = XAn.shape, XBn.shape[0]
+    ok_pair = None
+    step = max(1, (1 << 24) // max(1, Mt * Nt))
+    for p0 in range(0, nbp // 2, step):  # [Mt, Nt, pairs] in bounded chunks
+        xa = XAn.view(Mt, nbp // 2, 2)[:, p0:p0 + step]
+        xb = XBn.view(Nt, nbp // 2, 2)[:, p0:p0 + step]
+        tot = (xa[:, None] * xb[None]).sum(-1)
+        ok = (tot < 2.0 ** _WIN).all(-1)
+        ok_pair = ok if ok_pair is None else ok_pair & ok
+    if ok_pair is None:
+        ok_pair = torch.ones(Mt, Nt, dtype=torch.bool, device=XAn.device)
+    return ok_pair
+
+
+def _pair_bounds(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa, sqb, stats):
+    """One kernel pass over both operands' scale codes (and sums of squares when ``sqa`` is
+    given): (XAn [Mt, nbp], XBn [Nt, nbp] as ``_route`` computes them, or None; A.bad / B.bad
+    set; stats[4] / [5] = number of special rows).  Table look-ups are padded: safe before the
+    code-range check is read back."""
+    M, N, nb = A.R, B.R, A.scode.shape[1]
+    Mt, Nt = -(-M // BM), -(-N // BN)
+    dev = A.codes.device
+    xon = sqa is not None
+    nbp = -(-nb // 4) * 4
+    XN = torch.empty(Mt + Nt, nbp, dtype=torch.float64, device=dev) if xon else stats
+    bad = torch.empty(M + N, dtype=torch.bool, device=dev)
+    sqrt = _aux(f"sqrt{block}", "", dev)
+    tabs = [_aux(k, A.sfmt, dev) for k in ("sane64:256", "ue1:256", "nf:256")]
+    _k("bounds")[(Mt + Nt,)](sqa if xon else A.scode, A.scode, sqb if xon else B.scode, B.scode,
+                             XN, bad.view(torch.uint8), stats, sqrt, *tabs, M, N, Mt, BM, BN, nb,
+                             nbp, sqrt.numel() - 1, NP=nbp // 2, TM=max(BM, BN), PC=16, XON=xon,
+                             num_warps=4)
+    A.bad, B.bad = bad[:M], bad[M:]
+    return (XN[:Mt], XN[Mt:]) if xon else (None, None)
+
+
+def _route_bounds(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa=None, sqb=None):
+    """Block 16: per-block bounds X and unit exponents u of both sides, padded to whole tiles
+    and to a multiple of 4 blocks, and the per-tile pair-normalized maxima XAn [Mt, nbp],
+    XBn [Nt, nbp] (the pair certificate's input; ``_pair_bounds`` is the kernel twin)."""
     M, K = A.R, A.K
     N = B.R
     Mt, Nt = -(-M // BM), -(-N // BN)
-    dev = A.codes.device
-    if block == 32:  # one block per half group: always exact
-        return torch.zeros(Mt, Nt, dtype=torch.int64, device=dev), None, None
     XA, ua = _side_bounds(A, _block_sq(A, block) if sqa is None else sqa, block, BM)
     XB, ub = _side_bounds(B, _block_sq(B, block) if sqb is None else sqb, block, BN)
     nb = K // block
@@ -628,7 +749,6 @@ def _route(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa=None, sqb=None):
         XB = torch.cat([XB, XB.new_zeros(XB.shape[0], nbp - nb)], 1)
         ua = torch.cat([ua, ua.new_full((ua.shape[0], nbp - nb), 1 << 20)], 1)
         ub = torch.cat([ub, ub.new_full((ub.shape[0], nbp - nb), 1 << 20)], 1)
-    NG = nbp // 4
     # --- pair certificate: sum_b X'_ib Y'_jb < 2**_WIN over each pair, per tile
     def pair_norm(X, u):
         up = u.view(u.shape[0], nbp // 2, 2).amin(-1)          # pair unit exponent
@@ -636,13 +756,20 @@ def _route(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa=None, sqb=None):
         return Xn.view(X.shape[0], nbp)
     XAn = pair_norm(XA, ua).view(Mt, BM, nbp).amax(1)          # [Mt, nbp]
     XBn = pair_norm(XB, ub).view(Nt, BN, nbp).amax(1)          # [Nt, nbp]
-    ok_pair = torch.ones(Mt, Nt, dtype=torch.bool, device=dev)
-    step = max(1, (1 << 24) // max(1, Mt * Nt))
-    for p0 in range(0, nbp // 2, step):  # [Mt, Nt, pairs] in bounded chunks
-        xa = XAn.view(Mt, nbp // 2, 2)[:, p0:p0 + step]
-        xb = XBn.view(Nt, nbp // 2, 2)[:, p0:p0 + step]
-        tot = (xa[:, None] * xb[None]).sum(-1)
-        ok_pair &= (tot < 2.0 ** _WIN).all(-1)
+    return XA, ua, XB, ub, XAn, XBn
+
+
+def _route(A: _Op, B: _Op, block: int, BM: int, BN: int, sqa=None, sqb=None):
+    """Tile modes [Mt, Nt] (PAIR / BLOCK / FIX) and the BLOCK kernel's offset tables.
+    sqa / sqb: per-block sums of squares (from the decode kernel), computed here if None."""
+    M, N = A.R, B.R
+    Mt, Nt = -(-M // BM), -(-N // BN)
+    dev = A.codes.device
+    if block == 32:  # one block per half group: always exact
+        return torch.zeros(Mt, Nt, dtype=torch.int64, device=dev), None, None
+    XA, ua, XB, ub, XAn, XBn = _route_bounds(A, B, block, BM, BN, sqa, sqb)
+    NG = XA.shape[1] // 4
+    ok_pair = _pair_ok(XAn, XBn)
     # --- block (offset) scheme: Q = 2**(qa + qb), sum|t| <= 2**21 Q, Q <= 2**23 u_min
     SX = XA.view(-1, NG, 4).sum(-1)                            # [Mp, NG]
     MY = XB.view(-1, NG, 4).amax(-1)                           # [Np, NG]
@@ -686,19 +813,34 @@ def _route_mx(A: _Op, B: _Op, BM: int, BN: int):
     return torch.where(ok, _PAIR, _FIX)
 
 
+_ORDERS: dict = {}
+
+
+def _tile_order(Mt: int, Nt: int, group: int, dev):
+    """(grouped-order key, linear index, all tiles in key order), flat [Mt * Nt] int64 on
+    ``dev``; made once per shape (constant tensors: no per-call torch ops)."""
+    k = (Mt, Nt, group, str(dev))
+    if k not in _ORDERS:
+        if len(_ORDERS) > 64:
+            _ORDERS.clear()
+        tm = torch.arange(Mt)[:, None].expand(Mt, Nt)
+        tn = torch.arange(Nt)[None, :].expand(Mt, Nt)
+        key = (((tm // group) * Nt + tn) * group + tm % group).reshape(-1)   # unique
+        lin = (tm * Nt + tn).reshape(-1)
+        _ORDERS[k] = tuple(t.to(dev) for t in (key, lin, lin[torch.argsort(key)]))
+    return _ORDERS[k]
+
+
 def _tile_lists(mode: torch.Tensor, extra: list | None = None, group: int = 8):
     """Linear indices of the PAIR and BLOCK tiles, each in grouped order (8 row tiles per
     column sweep) so concurrent CTAs share operand panels in L2; one host sync, which also
     reads the scalars in ``extra`` (tensors) back.  Returns (pair, block, fix count, extra)."""
     Mt, Nt = mode.shape
-    dev = mode.device
-    tm = torch.arange(Mt, device=dev)[:, None].expand(Mt, Nt)
-    tn = torch.arange(Nt, device=dev)[None, :].expand(Mt, Nt)
-    key = ((tm // group) * Nt + tn) * group + tm % group      # unique, < (Mt + group) * Nt
+    key, lin, _ = _tile_order(Mt, Nt, group, mode.device)
     span = (Mt + group) * Nt
     m = mode.reshape(-1).long()
-    order = torch.argsort((m * span + key.reshape(-1)))
-    lin = (tm * Nt + tn).reshape(-1)[order]
+    order = torch.argsort((m * span + key))
+    lin = lin[order]
     cnt = torch.stack([(m == _PAIR).sum(), (m == _BLOCK).sum(), (m == _FIX).sum()]
                       + [e.reshape(()).long() for e in (extra or [])]).tolist()
     n_p, n_b = cnt[0], cnt[1]
@@ -723,21 +865,61 @@ def _alpha_list(alpha, M, N, dev):
     from fp4ref.gemm import _alpha_factors
     if alpha is None:
         return None, []
+    items = _alpha_scalars(alpha)
+    if items is not None:
+        return _alpha_premul([float(f) for f in items]), []
+    return None, _alpha_factors(alpha, M, N, dev)
+
+
+def _alpha_scalars(alpha):
+    """The factors as a list when each is a number or a one-element tensor, else None."""
     items = list(alpha) if isinstance(alpha, (list, tuple)) else [alpha]
     if all(isinstance(f, (int, float)) and not isinstance(f, bool)
            or (isinstance(f, torch.Tensor) and f.numel() == 1) for f in items):
-        vals = [float(f) for f in items]
-        bad = [v for v in vals if not math.isfinite(v)]
-        if bad:
-            raise ValueError(f"alpha: non-finite value {bad[0]}; valid choices: finite numbers")
-        # premultiplied alpha, exactly as reference.gemm: fp32(f0), then fp32(al * f)
-        from reference.exact import exact
-        from reference.gemm import _fp32, _mul
-        al = _fp32(exact(vals[0]))
-        for v in vals[1:]:
-            al = _fp32(_mul(al, exact(v)))
-        return float(al), []
-    return None, _alpha_factors(alpha, M, N, dev)
+        return items
+    return None
+
+
+def _alpha_premul(vals):
+    bad = [v for v in vals if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"alpha: non-finite value {bad[0]}; valid choices: finite numbers")
+    # premultiplied alpha, exactly as reference.gemm: fp32(f0), then fp32(al * f)
+    from reference.exact import exact
+    from reference.gemm import _fp32, _mul
+    al = _fp32(exact(vals[0]))
+    for v in vals[1:]:
+        al = _fp32(_mul(al, exact(v)))
+    return float(al)
+
+
+def _alpha_deferred(alpha, dev):
+    """Scalar alphas read back in the caller's one host sync: (items, int32 parts to read).
+    A float tensor on ``dev`` becomes its float64 bits (exact, as float(t)); the caller
+    passes the read words to ``_alpha_values``.  None: not all scalars (``_alpha_list``)."""
+    items = None if alpha is None else _alpha_scalars(alpha)
+    if items is None:
+        return None, []
+    parts = [f.detach().reshape(1).to(torch.float64).view(torch.int32) for f in items
+             if _alpha_read(f, dev)]
+    return items, parts
+
+
+def _alpha_read(f, dev) -> bool:
+    return isinstance(f, torch.Tensor) and f.device == dev and f.dtype.is_floating_point
+
+
+def _alpha_values(items, words, dev):
+    """Python floats of the scalar factors; ``words``: int32 pairs read back for the tensors
+    that ``_alpha_deferred`` chose (float64 bits in native byte order)."""
+    vals, i = [], 0
+    for f in items:
+        if _alpha_read(f, dev):
+            vals.append(struct.unpack("=d", struct.pack("=ii", words[i], words[i + 1]))[0])
+            i += 2
+        else:
+            vals.append(float(f))
+    return vals
 
 
 def _epilogue(c: torch.Tensor, model: GemmModel, alpha) -> torch.Tensor:
@@ -839,13 +1021,18 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
         raise ValueError(f"b_codes: K={B.K} differs from a_codes' K={K}")
     if A.codes.device != B.codes.device:
         raise ValueError(f"b_codes: device {B.codes.device} differs from a_codes' {A.codes.device}")
-    _check_max(checks)
-    _finish(A)
-    _finish(B)
     dev = A.codes.device
-    factors = _alpha_list(alpha, M, N, dev)
     interp = _interpret()
     use_kernel = HAVE_TRITON and (dev.type == "cuda" or interp)
+    # NVFP4 / UE5M3 probe_matched(_lattice) with the decode kernel: the code-range checks,
+    # special rows, pair certificate and scalar alphas come back in one host sync (below)
+    fast = (use_kernel and fmt != "mxfp4" and model is not PRESETS["decoded_fp32"]
+            and not _torch_decode() and M * K > 0 and N > 0)
+    if not fast:
+        _check_max(checks)
+        _finish(A)
+        _finish(B)
+        factors = _alpha_list(alpha, M, N, dev)
     BM, BN = tile or ((32, 32) if interp else (128, 128))
     if not use_kernel:
         raise RuntimeError("blockscaled_mm: needs triton and a CUDA tensor (or TRITON_INTERPRET=1); "
@@ -893,6 +1080,43 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
         fb = torch.where(sb > 0, sb, torch.zeros_like(sb)).contiguous()
         ap, _ = _decode_bf16(A, block, scale=False, want_sq=False)   # e2m1 values: exact
         bp, _ = _decode_bf16(B, block, scale=False, want_sq=False)
+        ptiles, btiles, n_fix, (nra, nrb) = _tile_lists(mode, [A.bad.sum(), B.bad.sum()])
+    elif fast:
+        Mt = triton.cdiv(M, BM)
+        stats = torch.zeros(8, dtype=torch.int32, device=dev)   # see _decode_bf16, _pair_bounds
+        ap, sqa = _decode_bf16(A, block, scale=True, want_sq=block == 16, stats=stats, slot=0)
+        bp, sqb = _decode_bf16(B, block, scale=True, want_sq=block == 16, stats=stats, slot=2)
+        # the BLOCK scheme (and its offset tables) only when some tile fails the pair
+        # certificate, or a path is forced: found after the sync
+        routed = force in (None, "pair")     # "pair" forces nothing (as below)
+        pair_x = block == 16 and routed
+        XAn, XBn = _pair_bounds(A, B, block, BM, BN, sqa if pair_x else None,
+                                sqb if pair_x else None, stats)
+        parts = [stats] + ([_pair_ok(XAn, XBn).sum(dtype=torch.int32).view(1)] if pair_x else [])
+        items, aparts = _alpha_deferred(alpha, dev)
+        vals = torch.cat(parts + aparts).tolist()     # the one host sync
+        slot = {"a_codes": 0, "a_scales": 1, "b_codes": 2, "b_scales": 3}
+        _raise_codes([(name, vals[slot[name]], lim, f) for name, _, lim, f in checks])
+        if items is not None:
+            words = vals[len(vals) - 2 * len(aparts):]
+            factors = (_alpha_premul(_alpha_values(items, words, dev)), [])
+        else:
+            factors = _alpha_list(alpha, M, N, dev)
+        nra, nrb = vals[4], vals[5]
+        if routed and (block == 32 or vals[8] == Mt * NT):   # every tile PAIR
+            mode, ptiles = None, _tile_order(Mt, NT, 8, dev)[2]
+            btiles, n_fix = ptiles[:0], 0
+        else:
+            mode, MA, QB = _route(A, B, block, BM, BN, sqa, sqb)
+            if force == "block" and MA is not None:
+                mode = torch.where(mode == _PAIR, _BLOCK, mode)
+            elif force == "fix":
+                mode = torch.full_like(mode, _FIX)
+            ptiles, btiles, n_fix, _ = _tile_lists(mode)
+        del sqa, sqb
+        if nra or nrb or n_fix:   # decoded scales for the exact fixup (codes now checked)
+            _finish(A)
+            _finish(B)
     else:
         ap, sqa = _decode_bf16(A, block, scale=True, want_sq=block == 16)  # a * s_a: exact
         bp, sqb = _decode_bf16(B, block, scale=True, want_sq=block == 16)
@@ -902,8 +1126,8 @@ def prepare(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", model="probe_m
             mode = torch.where(mode == _PAIR, _BLOCK, mode)
         elif force == "fix":
             mode = torch.full_like(mode, _FIX)
-    # one host sync: tile lists and whether any fixup is needed
-    ptiles, btiles, n_fix, (nra, nrb) = _tile_lists(mode, [A.bad.sum(), B.bad.sum()])
+        # one host sync: tile lists and whether any fixup is needed
+        ptiles, btiles, n_fix, (nra, nrb) = _tile_lists(mode, [A.bad.sum(), B.bad.sum()])
     info = (A.bad.nonzero().squeeze(1) if nra else None, B.bad.nonzero().squeeze(1) if nrb else None,
             n_fix > 0)
     n_p, n_b = ptiles.numel(), btiles.numel()

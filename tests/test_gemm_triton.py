@@ -123,6 +123,59 @@ def test_packed_codes_and_tensor_alpha():
     _check([ac, asc, bc, bsc], [torch.linspace(0.1, 2, 16)[:, None]], "nvfp4", "probe_matched")
 
 
+def _mixed_routes(fmt):
+    """Rows and columns from three families (tiles of 32): PAIR, BLOCK and FIX tiles in one
+    GEMM, so the routing's slow branch (after the pair certificate fails) runs."""
+    r = _operands(96, 80, 256, fmt, "random", 1)[0]
+    o = _operands(96, 80, 256, fmt, "outliers", 0)[0]
+    w = _operands(96, 80, 256, fmt, "wide", 0)[0]
+    ac, asc, bc, bsc = [t.clone() for t in r]
+    for src, sl in ((o, slice(32, 64)), (w, slice(64, None))):
+        ac[sl], asc[sl], bc[sl], bsc[sl] = src[0][sl], src[1][sl], src[2][sl], src[3][sl]
+    return [ac, asc, bc, bsc]
+
+
+@interp
+@pytest.mark.parametrize("fmt", ["nvfp4", "ue5m3"])
+def test_interpreter_mixed_routes(fmt):
+    ac, asc, bc, bsc = _mixed_routes(fmt)
+    sfmt = GT.FORMATS[fmt][0]
+    A, B = GT._prep("a", ac, asc, sfmt, 16), GT._prep("b", bc, bsc, sfmt, 16)
+    mode = GT._route(A, B, 16, 32, 32)[0]
+    assert set(mode.unique().tolist()) == {GT._PAIR, GT._BLOCK, GT._FIX}
+    alpha = [torch.tensor(0.75), 2.0 ** -7]   # a tensor factor: read back with the routing
+    for model in ("probe_matched", "probe_matched_lattice"):
+        _check([ac, asc, bc, bsc], alpha, fmt, model, tile=(32, 32))
+    asc[5, 3] = {"nvfp4": 0x7F, "ue5m3": 0xFC}[fmt]   # NaN scale: a special row as well
+    _check([ac, asc, bc, bsc], alpha, fmt, "probe_matched", tile=(32, 32))
+
+
+@interp
+@pytest.mark.parametrize("fmt", ["nvfp4", "ue5m3"])
+def test_pair_bounds_kernel(fmt):
+    """The routing kernel's per-tile pair bounds and special rows equal the torch route's
+    (``_route_bounds``), bit for bit: ragged tiles, unequal tile sizes, K not a multiple of 64."""
+    sfmt = GT.FORMATS[fmt][0]
+    nan = {"nvfp4": 0x7F, "ue5m3": 0xFC}[fmt]
+    cases = [((40, 36, 208), (32, 32)), ((70, 20, 272), (64, 16)), ((16, 48, 16), (16, 32))]
+    for i, kind in enumerate(["random", "wide", "narrow", "outliers"]):
+        for (M, N, K), tile in cases:
+            ac, asc, bc, bsc = _operands(M, N, K, fmt, kind, seed=i)[0]
+            asc[i % M, i % (K // 16)] = nan
+            bsc[(3 * i) % N, 0] = nan
+            A, B = GT._prep("a", ac, asc, sfmt, 16), GT._prep("b", bc, bsc, sfmt, 16)
+            sqa = GT._decode_bf16(A, 16, True, True)[1]
+            sqb = GT._decode_bf16(B, 16, True, True)[1]
+            want = GT._route_bounds(A, B, 16, *tile, sqa, sqb)[4:]
+            bad = (A.bad.clone(), B.bad.clone())
+            stats = torch.zeros(8, dtype=torch.int32)
+            got = GT._pair_bounds(A, B, 16, *tile, sqa, sqb, stats)
+            for g, w in zip(got, want):
+                assert torch.equal(g.view(torch.int64), w.view(torch.int64)), (kind, M, N, K, tile)
+            assert torch.equal(A.bad, bad[0]) and torch.equal(B.bad, bad[1])
+            assert stats[4:6].tolist() == [int(bad[0].sum()), int(bad[1].sum())]
+
+
 def test_bad_input():
     ac = torch.zeros(4, 32, dtype=torch.uint8)
     s = torch.full((4, 2), 56, dtype=torch.uint8)
@@ -149,6 +202,11 @@ def test_bad_input():
         GT.blockscaled_mm(ac, s, ac, torch.full((4, 2), 128, dtype=torch.uint8))
     with pytest.raises(ValueError, match="b_codes: codes must be 4-bit"):
         GT.blockscaled_mm(ac, s, torch.full_like(ac, 16), s)
+    # range checks read back late (with the routing) still come first, before alpha's
+    with pytest.raises(ValueError, match="a_codes: codes must be 4-bit"):
+        GT.blockscaled_mm(torch.full_like(ac, 16), s, ac, s, alpha=[torch.tensor(math.nan)])
+    with pytest.raises(ValueError, match="alpha: non-finite value inf"):
+        GT.blockscaled_mm(ac, s, ac, s, alpha=[torch.tensor(2.0), torch.tensor(math.inf)])
     with pytest.raises(ValueError, match="scale_fmt: unknown value 'ue5m3'"):
         GT.blockscaled_mm(ac, s, ac, s, fmt="nvfp4", scale_fmt="ue5m3")
     if hasattr(torch, "float8_e8m0fnu"):
