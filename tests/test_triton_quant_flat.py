@@ -25,6 +25,8 @@ def _inputs(M, K, seed):
     y = raw.view(torch.bfloat16)          # every bit pattern: NaN, inf, subnormals, -0
     x.view(-1)[::29] = 0.0
     x.view(-1)[3::31] = -0.0
+    y.view(-1)[7::41] = float("inf")      # random bit patterns almost never hold one
+    y.view(-1)[11::43] = float("-inf")
     return [x.to(dev), y.to(dev)]
 
 
@@ -44,7 +46,8 @@ def test_flat_equals_tiles(shape, monkeypatch):
             pytest.skip("needs triton and CUDA or TRITON_INTERPRET=1")
         dev = x.device
         for sf, z in (("ue4m3", False), ("ue5m3", True)):
-            for p in ([1 / 6, 1.0], [448 / 6 / 3.0, 3.0 / 448], [1e30, 1e-30]):
+            # [1e-30, 1e35]: s_f * dec overflows, enc = 0, and inf * 0 is a NaN product
+            for p in ([1 / 6, 1.0], [448 / 6 / 3.0, 3.0 / 448], [1e30, 1e-30], [1e-30, 1e35]):
                 par = torch.tensor(p, dtype=torch.float32, device=dev)
                 (q1, s1), (q2, s2) = _both(lambda t: TQ.two_level_1x16(t, par, sf, z), x,
                                            monkeypatch)

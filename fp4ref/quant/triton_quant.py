@@ -279,8 +279,15 @@ if HAVE_TRITON:
             sf = tl.where(z, 1.0, sf)
         enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
         enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
-        p0 = _pack4(_e2m1_byte(w0, enc, True))
-        p1 = _pack4(_e2m1_byte(w1, enc, True))
+        # a NaN product needs a NaN in the block (scale NaN: every product NaN) or an
+        # infinity times enc = 0; only programs holding such a block pay the per-element test
+        nanq = (vb > 0x7F80) | ((vb == 0x7F80) & (enc == 0.0))
+        if tl.max(nanq.to(tl.int32), axis=0) > 0:
+            p0 = _pack4(_e2m1_byte(w0, enc, True))
+            p1 = _pack4(_e2m1_byte(w1, enc, True))
+        else:
+            p0 = _pack4(_e2m1_byte(w0, enc, False))
+            p1 = _pack4(_e2m1_byte(w1, enc, False))
         tl.store(q_ptr + bi, _u64(p0, p1), mask=bm)          # q_ptr: int64 view, 8 B/block
         tl.store(s_ptr + bi, sc.to(tl.uint8), mask=bm)
 
@@ -470,7 +477,7 @@ def _launch(kernel, key, grid_of, args, kw, K, min_bk):
 
 
 # flat-block kernels: (blocks per program, num_warps) candidates, timed once per shape
-_FLAT_CONFIGS = {16: ((256, 4), (512, 4), (512, 8), (1024, 8), (1024, 4), (2048, 8)),
+_FLAT_CONFIGS = {16: ((256, 8), (128, 4), (512, 4), (512, 8), (256, 4), (1024, 8)),
                  32: ((128, 4), (256, 4), (256, 8), (512, 8), (512, 4), (1024, 8))}
 
 
@@ -493,18 +500,20 @@ def _launch_flat(kernel, key, B, nb, args, kw):
         return
     best = _BEST.get(key)
     if best is None:
-        times = []
-        for n, nw in cands:
-            kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)  # compile
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(5):
-                kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)
-            b.record()
-            torch.cuda.synchronize()
-            times.append((a.elapsed_time(b), (n, nw)))
-        best = _BEST[key] = min(times)[1]
+        for n, nw in cands:  # compile all, and bring the clocks up before timing
+            kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)
+        torch.cuda.synchronize()
+        times = {c: float("inf") for c in cands}
+        for _ in range(3):  # best of three rounds, interleaved: robust to clock drift
+            for n, nw in cands:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(10):
+                    kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)
+                b.record()
+                torch.cuda.synchronize()
+                times[(n, nw)] = min(times[(n, nw)], a.elapsed_time(b))
+        best = _BEST[key] = min(cands, key=times.get)
     n, nw = best
     kernel[grid(n)](*args, NBLK=n, I64=I64, num_warps=nw, **kw)
 
