@@ -11,7 +11,7 @@ env:
 
 ## Tests on CPU (CI runs this). GPU tests skip without a GPU.
 test:
-	@$(PY) -m pytest -q -n 2 --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS) tests
+	@$(PY) -m pytest -q -n 2 --dist worksteal --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS) tests
 
 ## GPU tests only (marker gpu), thorough hypothesis profile.
 test-gpu:
