@@ -94,6 +94,27 @@ if HAVE_TRITON:
         return tl.where(isnan, float("nan"), val)
 
     @triton.jit
+    def _block_scale(vmax, mult, dec, SMBITS: tl.constexpr, SBIAS: tl.constexpr,
+                     SMAXCODE: tl.constexpr, SNAN: tl.constexpr, SIEEE: tl.constexpr,
+                     SMAX: tl.constexpr, ZERO_TO_ONE: tl.constexpr, ONE_CODE: tl.constexpr):
+        """Two-level block scale (te_mul order): code of fl(vmax * mult) in the scale format
+        (RNE, saturating; NaN -> SNAN; a zero scale -> 1.0 when ZERO_TO_ONE) and the element
+        factor enc = fl(1 / fl(s_f * dec)), clamped to FLT_MAX."""
+        s = vmax * mult
+        s = tl.where(s > 3.4028234663852886e38, 3.4028234663852886e38, s)
+        s = tl.where(s > SMAX, SMAX, s)
+        sc = _round_code(s, SMBITS, SBIAS, SMAXCODE, False, 8)
+        sc = tl.where(s != s, SNAN, sc)
+        sf = _decode_scale(sc, SMBITS, SBIAS, SNAN, SIEEE)
+        if ZERO_TO_ONE:
+            z = sf == 0.0
+            sc = tl.where(z, ONE_CODE, sc)
+            sf = tl.where(z, 1.0, sf)
+        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
+        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        return sc, enc
+
+    @triton.jit
     def _load_f32(ptrs, msk, IS_BF16: tl.constexpr):
         """Exact widening; bf16 by its bits (backend-independent, subnormals kept)."""
         if IS_BF16:
@@ -132,18 +153,8 @@ if HAVE_TRITON:
         hasnan = tl.max((ax != ax).to(tl.int32), axis=2)
         vmax = tl.max(tl.where(ax != ax, 0.0, ax), axis=2)
         vmax = tl.where(hasnan > 0, float("nan"), vmax)
-        s = vmax * mult
-        s = tl.where(s > 3.4028234663852886e38, 3.4028234663852886e38, s)
-        s = tl.where(s > SMAX, SMAX, s)
-        sc = _round_code(s, SMBITS, SBIAS, SMAXCODE, False, 8)
-        sc = tl.where(s != s, SNAN, sc)
-        sf = _decode_scale(sc, SMBITS, SBIAS, SNAN, SIEEE)
-        if ZERO_TO_ONE:
-            z = sf == 0.0
-            sc = tl.where(z, ONE_CODE, sc)
-            sf = tl.where(z, 1.0, sf)
-        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
-        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        sc, enc = _block_scale(vmax, mult, dec, SMBITS, SBIAS, SMAXCODE, SNAN, SIEEE, SMAX,
+                               ZERO_TO_ONE, ONE_CODE)
         q = x3 * enc[:, :, None]
         code = _e2m1_code(q)
         code = tl.where(q != q, 7, code)  # NaN -> +6 (te_nvfp4 elem_nan "max")
@@ -267,18 +278,8 @@ if HAVE_TRITON:
         dec = tl.load(par_ptr + 1)   # fl(1 / S_enc)
         vb = tl.maximum(_words_absmax(w0), _words_absmax(w1))
         vmax = (vb << 16).to(tl.float32, bitcast=True)       # max|x|, NaN if any NaN
-        s = vmax * mult
-        s = tl.where(s > 3.4028234663852886e38, 3.4028234663852886e38, s)
-        s = tl.where(s > SMAX, SMAX, s)
-        sc = _round_code(s, SMBITS, SBIAS, SMAXCODE, False, 8)
-        sc = tl.where(s != s, SNAN, sc)
-        sf = _decode_scale(sc, SMBITS, SBIAS, SNAN, SIEEE)
-        if ZERO_TO_ONE:
-            z = sf == 0.0
-            sc = tl.where(z, ONE_CODE, sc)
-            sf = tl.where(z, 1.0, sf)
-        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
-        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        sc, enc = _block_scale(vmax, mult, dec, SMBITS, SBIAS, SMAXCODE, SNAN, SIEEE, SMAX,
+                               ZERO_TO_ONE, ONE_CODE)
         # a NaN product needs a NaN in the block (scale NaN: every product NaN) or an
         # infinity times enc = 0; only programs holding such a block pay the per-element test
         nanq = (vb > 0x7F80) | ((vb == 0x7F80) & (enc == 0.0))
