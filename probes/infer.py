@@ -400,7 +400,7 @@ class Inference:
                         if K % s or (G is not None and G > K // s):
                             continue
                         out.append(_fast_replace(m, group_size=G, outer_mode=om, split_k=s))
-                    for s, T in (_uneven_splits(K) if broad else ()):
+                    for s, T in (uneven_splits(K, K // 2, K // 4) if broad else ()):  # long-pool lengths
                         out.append(_fast_replace(m, group_size=G, outer_mode=om, split_k=s,
                                                  split_tile=T))
         return out
@@ -682,17 +682,16 @@ def _zero_sign_probe(p) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _uneven_splits(K: int) -> tuple:
+def uneven_splits(*Ks: int) -> tuple:
     """(S, T) of the uneven split-K schedules (slices of ceil(K/S) rounded up to a k-tile T,
     the last shorter, as cuBLAS split-K kernels cut K) that no equal split of SPLIT_GRID
-    already gives; each distinct slicing once."""
+    gives; each distinct slicing (over all the lengths ``Ks``, the first one split) once."""
     from reference.gemm import split_bounds
-    Ks = (K, K // 2, K // 4)  # the long pool's probe lengths
 
     def sl(m):
         return tuple(tuple(split_bounds(m, k)) if k % m.split_k == 0 or m.split_tile else None
                      for k in Ks)
-    seen = {sl(GemmModel("s", split_k=s)) for s in SPLIT_GRID if K % s == 0}
+    seen = {sl(GemmModel("s", split_k=s)) for s in SPLIT_GRID if Ks[0] % s == 0}
     out = []
     for S in range(2, 17):
         for T in SPLIT_TILES:

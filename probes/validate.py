@@ -17,7 +17,6 @@ import numpy as np
 
 from reference.formats import get_format
 from reference.gemm import GemmModel
-from reference.gemm import split_bounds as rg_split_bounds
 
 from .device import Capabilities, Device, DeviceError
 from .sim import NAN_KEY, output_bits, round_float64, simulate_gemm
@@ -195,21 +194,16 @@ def _random_alpha(caps, M, N, rng):
 def _split_candidates(model, K):
     """Per-shape schedules: equal splits with any group size, then uneven splits (slices of
     ceil(K/S) rounded up to a k-tile, as cuBLAS split-K kernels cut K) keeping the model's
-    group size; each distinct slicing once."""
+    group size; each distinct slicing once (the inference's grid)."""
+    from .infer import SPLIT_GRID, uneven_splits
     gs = [model.group_size] + [None] + [1 << k for k in range(4, 14) if (1 << k) < K]
-    for S in (1, 2, 4, 8, 16):
+    for S in SPLIT_GRID:
         if K % S == 0:
             for G in gs:
                 if G is None or G >= model.fma_width:
                     yield model.replace(split_k=S, split_tile=None, group_size=G)
-    seen = set()
-    for S in range(2, 17):
-        for T in (16, 32, 64, 128, 256):
-            m = model.replace(split_k=S, split_tile=T)
-            b = tuple(rg_split_bounds(m, K))
-            if len(b) > 1 and b not in seen and (K % S or K // S % T):
-                seen.add(b)
-                yield m
+    for S, T in uneven_splits(K):
+        yield model.replace(split_k=S, split_tile=T)
 
 
 def _try_splits(model, a, b, sa, sb, caps, alpha, got):
