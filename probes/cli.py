@@ -58,17 +58,15 @@ def precheck_shapes(dev, model, shapes=None, *, seed=0) -> list:
     """Validation shapes where one heavy-tailed random batch disagrees with ``model`` and
     no split of it (validate's per-shape schedules) explains the outputs."""
     import numpy as np
-    from .validate import DEFAULT_SHAPES, _fit_shape, _random_alpha, _try_splits, random_operands
-    from .sim import output_bits, simulate_gemm
+    from .validate import DEFAULT_SHAPES, _fit_shape, _try_splits, random_batch
+    from .sim import simulate_gemm
     caps = dev.caps
     rng = np.random.default_rng(seed)
     out = []
     for shp in sorted({_fit_shape(s, *s, caps) for s in (shapes or DEFAULT_SHAPES)}):
         M, N, K = shp
-        a, b, sa, sb = random_operands(caps, M, N, K, rng, "heavy")
-        alpha = _random_alpha(caps, M, N, rng)
         try:
-            got = output_bits(dev(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+            a, b, sa, sb, alpha, got = random_batch(dev, M, N, K, rng, "heavy")
         except Exception:
             continue  # validation reports device errors
         exp = simulate_gemm(model, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
@@ -82,21 +80,16 @@ def pick_survivor(dev, survivors, *, seed=0, limit=16):
     reproduces two random batches (heavy-tailed, cancelling) at the probe shape; None if none
     does.  Narrow outputs can hide a parameter from every probe but not from random sums."""
     import numpy as np
-    from .validate import _random_alpha, random_operands
-    from .sim import output_bits, simulate_gemm
+    from .validate import random_batch
+    from .sim import simulate_gemm
     caps = dev.caps
     rng = np.random.default_rng(seed)
     K = min(1024, caps.max_k - caps.max_k % caps.k_step())
     mn = -(-64 // caps.mn_multiple) * caps.mn_multiple
-    batches = []
-    for kind in ("heavy", "cancel"):
-        a, b, sa, sb = random_operands(caps, mn, mn, K, rng, kind)
-        alpha = _random_alpha(caps, mn, mn, rng)
-        try:
-            got = output_bits(dev(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
-        except Exception:
-            return None
-        batches.append((a, b, sa, sb, alpha, got))
+    try:
+        batches = [random_batch(dev, mn, mn, K, rng, kind) for kind in ("heavy", "cancel")]
+    except Exception:
+        return None
     for m in survivors[:limit]:
         if all(np.array_equal(simulate_gemm(m, a, b, scales_a=sa, scales_b=sb, block=caps.block,
                                             alpha=al), got) for a, b, sa, sb, al, got in batches):

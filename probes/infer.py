@@ -676,9 +676,8 @@ def _zero_sign_probe(p) -> bool:
     term (a lattice may round it to a signed zero)."""
     if p.terms is None:
         return False
-    vals = [abs(P._term_value(t)) for t in p.terms]
-    S = abs(sum(P._term_value(t) for t in p.terms))
-    return S * 1024 <= max(vals) or sum(1 for v in vals if v) == 1
+    vals = [P._term_value(t) for t in p.terms]
+    return abs(sum(vals)) * 1024 <= max(map(abs, vals)) or sum(1 for v in vals if v) == 1
 
 
 @functools.lru_cache(maxsize=None)

@@ -110,6 +110,16 @@ def _keys(out: np.ndarray, fmt: str) -> np.ndarray:
     return output_bits(out, fmt)
 
 
+def random_batch(device: Device, M: int, N: int, K: int, rng, kind: str):
+    """One random GEMM on the device: (a, b, scales_a, scales_b, alpha, output keys).
+    Device errors propagate to the caller."""
+    caps = device.caps
+    a, b, sa, sb = random_operands(caps, M, N, K, rng, kind)
+    alpha = _random_alpha(caps, M, N, rng)
+    got = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+    return a, b, sa, sb, alpha, got
+
+
 def _codes(keys: np.ndarray, fmt: str) -> np.ndarray:
     spec = get_format(fmt)
     return np.where(keys == NAN_KEY, spec.nan_code, keys)
@@ -147,10 +157,8 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
     for n, (M, N, K, kind) in enumerate(plan):
         if done >= outputs and n >= len(shapes):
             break
-        a, b, sa, sb = random_operands(caps, M, N, K, rng, kind)
-        alpha = _random_alpha(caps, M, N, rng)
         try:
-            got = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+            a, b, sa, sb, alpha, got = random_batch(device, M, N, K, rng, kind)
             if repeat_check and n == 0:
                 again = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
                 if not np.array_equal(got, again):
