@@ -152,13 +152,14 @@ def s_enc_params(g_amax: torch.Tensor, Tf: float, zero_amax: str = "one"):
 
 
 def _two_level_triton(x, rule, Tf, amax):
-    """Fused path: (packed codes, scale codes, [mult, dec, S_enc, amax]).  Three launches
-    for current scaling (amax partials; amax and s_enc_params; quantize), two with amax."""
+    """Fused path: (packed codes, scale codes, [mult, dec, S_enc, amax]).  bf16: two
+    launches for current scaling (torch max|x|; quantize, which computes s_enc_params
+    itself), one with amax; other dtypes: three (amax partials; amax and s_enc_params;
+    quantize), two with amax."""
     from . import triton_quant as TQ
     g = None if amax is None else f32_scalar(amax, x.device, "amax")
-    par = TQ.te_params(x, _fconst(Tf * 6), rule.zero_amax == "one", g)
-    qp, sc = TQ.two_level_1x16(x, par[:2], rule.scale_fmt, rule.zero_scale_to_one)
-    return qp, sc, par
+    return TQ.two_level_1x16_amax(x, g, _fconst(Tf * 6), rule.zero_amax == "one",
+                                  rule.scale_fmt, rule.zero_scale_to_one)
 
 
 def quantize_packed(x: torch.Tensor, profile="te_nvfp4", *, amax=None, target=None,
