@@ -54,6 +54,9 @@ def _load_extra(spec: str):
     return obj() if callable(obj) and not hasattr(obj, "caps") else obj
 
 
+SPLIT_SEARCH_S = 20.0   # per shape: a longer split-K search hands the shape to per-shape inference
+
+
 def precheck_shapes(dev, model, shapes=None, *, seed=0) -> list:
     """Validation shapes where one heavy-tailed random batch disagrees with ``model`` and
     no split of it (validate's per-shape schedules) explains the outputs."""
@@ -70,7 +73,8 @@ def precheck_shapes(dev, model, shapes=None, *, seed=0) -> list:
         except Exception:
             continue  # validation reports device errors
         exp = simulate_gemm(model, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
-        if not np.array_equal(exp, got) and _try_splits(model, a, b, sa, sb, caps, alpha, got) is None:
+        if not np.array_equal(exp, got) and _try_splits(model, a, b, sa, sb, caps, alpha, got,
+                                                        seconds=SPLIT_SEARCH_S) is None:
             out.append(shp)
     return out
 
@@ -178,7 +182,7 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, pe
         if progress:
             progress(stage="validation", candidates=1)
         vkw = {} if shapes is None else {"shapes": shapes}
-        shape_models = {}
+        shape_models, failing = {}, []
         if per_shape and shape_deadline is not None and time.time() > shape_deadline:
             rec["notes"].append("per-shape inference skipped: the run's time budget was spent")
             per_shape = False
@@ -189,7 +193,8 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, pe
             if failing:
                 shape_models, extra["shape_models"] = infer_shapes(
                     dev, failing[:max_shapes], quick=quick, seed=seed, progress=progress)
-        v = validate(dev, res.model, outputs=outputs, seed=seed + 1, shape_models=shape_models, **vkw)
+        v = validate(dev, res.model, outputs=outputs, seed=seed + 1, shape_models=shape_models,
+                     no_split_search=failing, **vkw)
         rec["validation"] = v.record
         extra["per_shape"] = v.per_shape
         rec["notes"] += v.notes

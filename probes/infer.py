@@ -540,6 +540,25 @@ class Inference:
             raise NoFit(f"after stage {st.name}: no candidate reproduces every observation")
         return out
 
+    def _ungrouped_twins(self, survivors):
+        """The width stage sees split-K slice boundaries as group boundaries, and the long
+        stage's first pass keeps that group size: a group at least as long as every slice is
+        invisible at the probe K, but not at a K with longer slices.  Its ungrouped twin is
+        added where it reproduces every observation, so the simplest model is reported."""
+        from reference.gemm import split_bounds
+        twins = []
+        for m in survivors:
+            if m.group_size is None or m.split_k == 1:
+                continue
+            try:
+                longest = max(hi - lo for lo, hi in split_bounds(m, self.K))
+            except ValueError:
+                continue
+            t = canonical(m.replace(group_size=None), self.caps)
+            if longest <= m.group_size and t not in survivors and t not in twins:
+                twins.append(t)
+        return survivors + (self._check_all(twins, explain=False) if twins else [])
+
     def _explain(self, before, stage):
         """For the last candidates, the first observed probe each one mispredicts."""
         shown = sorted(before, key=_pref)[:4]
@@ -554,7 +573,7 @@ class Inference:
                                   f"{_hex(int(row[j]), self.fmt)}, observed {_hex(int(keys[j]), self.fmt)}")
         self.closest = shown[0] if shown else None
 
-    def _check_all(self, cands):
+    def _check_all(self, cands, explain=True):
         """Survivors consistent with every observation so far (later stages may add axes
         that earlier probes were designed to ignore; verify instead of trusting)."""
         probes = [p for p, _ in self.asked]
@@ -566,7 +585,7 @@ class Inference:
         eq = np.where(blind[None, :], _fold_zero(pr, self.fmt) == _fold_zero(keys, self.fmt)[None, :],
                       pr == keys[None, :])
         ok = eq.all(axis=1)
-        if not ok.any():
+        if explain and not ok.any():
             self._explain(cands, "all")
         return [c for c, o in zip(cands, ok) if o]
 
@@ -620,7 +639,7 @@ class Inference:
                     self.notes.append("the width stage's groups with equal split-K slices explain no "
                                       "observation: groups reopened, uneven slices tried")
                     i = i_long
-            survivors = sorted(survivors, key=_pref)
+            survivors = sorted(self._ungrouped_twins(survivors), key=_pref)
             res.model = survivors[0].replace(name="inferred")
             res.survivors = survivors
             res.undetermined = _undetermined(survivors)

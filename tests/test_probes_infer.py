@@ -89,3 +89,19 @@ def test_probe_matched_nvfp4_identified_and_validated():
     full = virtual_device(hidden, dev.caps, "pm-full")  # validation reads every output
     v = validate(full, res.model, outputs=3000, shapes=((16, 16, 64), (8, 8, 256)))
     assert v.record["agreement_pct"] == 100.0
+
+
+@pytest.mark.parametrize("group", [None, 32])
+def test_split_slices_are_not_reported_as_groups(group):
+    """Split-K slice boundaries look like group boundaries at the probe K: a sequential FP32
+    FMA split in 4 slices of 64 was reported as G64, which is wrong at any K with longer
+    slices.  The ungrouped model is reported; a group shorter than the slices is kept."""
+    from probes.device import Capabilities
+    from reference.gemm import GemmModel, Mode
+    hidden = GemmModel("hidden", fma_width=1, acc_frac_bits=23, norm_mode=Mode.RNE, split_k=4,
+                       group_size=group, outer_mode=Mode.RNE, output="float32")
+    caps = Capabilities("float32", "float32", "float32", max_k=16384, probe_mn=64, max_batch=64)
+    res = Inference(virtual_device(hidden, caps, "virtual-fp32-split"), quick=True, k_core=256,
+                    seed=1).run()
+    assert res.status == "fit", res.notes[:3]
+    assert (res.model.split_k, res.model.group_size) == (4, group), short(res.model)

@@ -42,3 +42,21 @@ def test_shape_outside_the_family_makes_the_device_partial():
     assert ent["shape"] == [8, 8, 512] and ent["status"] == "no_fit"
     per = {tuple(s["shape"]): s for s in rec["extra"]["per_shape"]}
     assert all(s["matches"] == s["outputs"] for k, s in per.items() if k[2] != 512)
+
+
+def test_split_search_at_a_shape_and_skipping_it():
+    """A split-K schedule at one shape is found by validation's split search; a shape the
+    pre-check already failed (no_split_search) is not searched again and keeps its misses."""
+    from probes.validate import validate
+    dev = _dev(MAIN.replace(name="split", split_k=8))
+    shapes = ((32, 32, 64), (32, 32, 512))
+    v = validate(dev, MAIN, outputs=2000, shapes=shapes, seed=3)
+    per = {tuple(s["shape"]): s for s in v.per_shape}
+    found = per[(32, 32, 512)]          # S8, or its equivalent: groups of 64 in FP32 RNE
+    assert (found["split_k"], found["group_size"]) in ((8, None), (1, 64))
+    assert v.record["matches"] == v.record["outputs"]
+    v = validate(dev, MAIN, outputs=2000, shapes=shapes, seed=3, no_split_search=[(32, 32, 512)])
+    per = {tuple(s["shape"]): s for s in v.per_shape}
+    assert (per[(32, 32, 512)]["split_k"], per[(32, 32, 512)]["group_size"]) == (1, None)
+    assert per[(32, 32, 512)]["matches"] < per[(32, 32, 512)]["outputs"]
+    assert per[(32, 32, 64)]["matches"] == per[(32, 32, 64)]["outputs"]
