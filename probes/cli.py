@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib
+import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
+from pathlib import Path
 
 __all__ = ["main", "probe_device"]
 
@@ -260,7 +264,39 @@ def _worker(name, quick, outputs, seed, extra_spec=None, shape_opts=None):
             rec["error"] = d.reason if d else "device vanished"
             return rec
         dev = found[0].device
-    return probe_device(dev, quick=quick, outputs=outputs, seed=seed, **(shape_opts or {}))
+    opts = dict(shape_opts or {})
+    beat = opts.pop("heartbeat_dir", None)
+    progress = _heartbeat(Path(beat) / f"{_safe_name(name)}.json") if beat else None
+    return probe_device(dev, quick=quick, outputs=outputs, seed=seed, progress=progress, **opts)
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _heartbeat(path: Path):
+    """A progress callback that keeps the worker's last stage in a small JSON file (at most
+    once a second), so a device still running at the time limit is reported with where it
+    was, not only as unfinished."""
+    t0, last = time.perf_counter(), [0.0]
+
+    def beat(stage=None, candidates=None, **_):
+        now = time.perf_counter()
+        if stage is None or now - last[0] < 1.0:
+            return
+        last[0] = now
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"stage": str(stage), "candidates": candidates,
+                                   "elapsed_s": round(now - t0, 1)}))
+        os.replace(tmp, path)
+    return beat
+
+
+def _last_beat(beat_dir, name) -> dict | None:
+    try:
+        return json.loads((Path(beat_dir) / f"{_safe_name(name)}.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv=None) -> int:
@@ -312,7 +348,9 @@ def main(argv=None) -> int:
             rec["notes"] = [d.reason] if d.reason else []
             records[d.name] = rec
     jobs = args.jobs or min(12, os.cpu_count() or 1)
-    shape_opts = {"max_shapes": args.max_shapes, "shape_deadline": time.time() + args.shape_budget_s}
+    beat_dir = tempfile.mkdtemp(prefix="fp4ref-probe-")
+    shape_opts = {"max_shapes": args.max_shapes, "shape_deadline": time.time() + args.shape_budget_s,
+                  "heartbeat_dir": beat_dir}
     extra_map = dict(extras)
     done_rows = []
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -347,10 +385,16 @@ def main(argv=None) -> int:
                     if not f.done():
                         rec = new_device(name, "?", "cpu", hardware_run=False, status="error")
                         rec["error"] = f"not finished within --time-limit-s {args.time_limit_s:g}"
+                        hb = _last_beat(beat_dir, name)
+                        if hb:
+                            rec["error"] += (f" (last stage: {hb['stage']}, {hb['candidates']} "
+                                             f"candidates, at {hb['elapsed_s']} s)")
+                            rec["extra"] = {"last_progress": hb}
                         records[name] = rec
                 for p in list(getattr(ex, "_processes", {}).values()):
                     p.terminate()
             ex.shutdown(wait=False, cancel_futures=True)
+    shutil.rmtree(beat_dir, ignore_errors=True)
     order = [d.name for d in found] + [n for n, _ in extras]
     report["devices"] = [records[n] for n in order if n in records]
     out = run_dir(args.out, environment=env)

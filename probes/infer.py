@@ -485,11 +485,12 @@ class Inference:
 
     def run_stage(self, stage: Stage, survivors: list) -> list:
         cands = self._canon(stage.expand(survivors))
+        label = stage.name + (" (broad pass)" if self.uneven else "")
         # pools depend only on formats and K (not on survivors): the same probes every run
         self.ctx.acc_bits = (P_GRID[0], P_GRID[-1])
         pool = stage.pool(self.ctx)
         asked = {_sig(p) for p, _ in self.asked}
-        self.progress(stage=stage.name, candidates=len(cands))
+        self.progress(stage=label, candidates=len(cands))
         while len(cands) > 1:
             chosen = self._select(cands, pool, asked, stage.name in ZERO_BLIND)
             if not chosen:
@@ -501,7 +502,7 @@ class Inference:
                 asked.add(_sig(p))
             before = cands
             cands, pr = self._filter(cands, chosen, keys, stage.name)
-            self.progress(stage=stage.name, candidates=len(cands))
+            self.progress(stage=label, candidates=len(cands))
             if not cands:
                 self._explain(before, stage)
                 raise NoFit(f"stage {stage.name}: no candidate of the family reproduces the observed outputs")

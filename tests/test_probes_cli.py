@@ -59,3 +59,28 @@ def test_pick_survivor_prefers_the_candidate_random_sums_confirm():
     dev = virtual_device(right, caps, "v-narrow")
     assert pick_survivor(dev, [wrong, right]) == right
     assert pick_survivor(dev, [wrong]) is None
+
+
+def _slow_device():
+    """A user device that takes a second per call: never done within a short time limit."""
+    import time
+    from probes.device import Capabilities, Device
+
+    def slow(a, b, **_):
+        time.sleep(1.0)
+        return a @ b
+    return Device.wrap("user-slow", slow, Capabilities("float32", "float32"))
+
+
+def test_unfinished_device_reports_its_last_stage(tmp_path):
+    """At --time-limit-s a device still running is an error that says where it was (the
+    worker's heartbeat), and the report is still written."""
+    rc = cli.main(["--extra", "tests.test_probes_cli:_slow_device", "--devices",
+                   "user-slow,virtual-*", "--quick", "--time-limit-s", "15", "--jobs", "2",
+                   "--out", str(tmp_path), "--no-html"])
+    assert rc == 0
+    r = json.loads(next(tmp_path.glob("*/*/report.json")).read_text())
+    dev = {d["name"]: d for d in r["devices"]}["user-slow"]
+    assert dev["status"] == "error" and "not finished within --time-limit-s 15" in dev["error"]
+    assert "last stage:" in dev["error"], dev["error"]
+    assert dev["extra"]["last_progress"]["elapsed_s"] > 0
