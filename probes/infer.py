@@ -293,7 +293,7 @@ class Inference:
             self.K = K
         self.ctx = P.ProbeContext(self.caps, self.K, fixed_k=shape is not None)
         self.asked: list = []           # (Probe, key)
-        self.uneven = False             # long stage's broad pass: groups reopened, uneven slices
+        self.broad = 0                  # long stage: 0 equal slices, 1 + uneven, 2 + groups reopened
         self.records: list = []
         self.record_limit = record_limit
         self.fmt = self.caps.output
@@ -372,14 +372,15 @@ class Inference:
         return out
 
     def _expand_long(self, S):
-        """First pass: the width stage's groups kept, equal split-K slices.  Broad pass (when
-        the first explains no observation, ``self.uneven``): a group boundary the width stage
-        saw may be a slice boundary instead, and slice sums seen as groups can mimic another
-        outer rounding, so groups are reopened (none, longer, every outer mode) and uneven
-        slices are tried too."""
+        """First pass: the width stage's groups kept, equal split-K slices.  When a pass
+        explains no observation, the next one (``self.broad``) adds: 1, uneven slices (cuBLAS
+        split-K kernels), groups kept; 2, groups reopened (none, longer, every outer mode): a
+        group boundary the width stage saw may be a slice boundary instead, and slice sums
+        seen as groups can mimic another outer rounding.  Pass 1 is a fraction of pass 2's
+        set, which with a sequential-FMA model takes minutes to simulate."""
         out = []
         K = self.K
-        broad = self.uneven
+        broad = self.broad >= 2
         gl = [1 << k for k in range(6 if self.quick else 8, 14) if (1 << k) <= K // 2]
         for m in S:
             if m.group_size is None:
@@ -400,7 +401,7 @@ class Inference:
                         if K % s or (G is not None and G > K // s):
                             continue
                         out.append(_fast_replace(m, group_size=G, outer_mode=om, split_k=s))
-                    for s, T in (uneven_splits(K, K // 2, K // 4) if broad else ()):  # long-pool lengths
+                    for s, T in (uneven_splits(K, K // 2, K // 4) if self.broad else ()):  # long-pool lengths
                         out.append(_fast_replace(m, group_size=G, outer_mode=om, split_k=s,
                                                  split_tile=T))
         return out
@@ -485,7 +486,7 @@ class Inference:
 
     def run_stage(self, stage: Stage, survivors: list) -> list:
         cands = self._canon(stage.expand(survivors))
-        label = stage.name + (" (broad pass)" if self.uneven else "")
+        label = stage.name + ("", " (uneven slices)", " (broad pass)")[self.broad]
         # pools depend only on formats and K (not on survivors): the same probes every run
         self.ctx.acc_bits = (P_GRID[0], P_GRID[-1])
         pool = stage.pool(self.ctx)
@@ -629,16 +630,18 @@ class Inference:
                     survivors = self._random_checks(survivors)
                     break
                 except NoFit:
-                    if self.uneven or saved is None:
+                    if self.broad == 2 or saved is None:
                         raise
-                    # equal split-K slices explain no long run or random check: the stages
-                    # from "long" on again, uneven slices included (cuBLAS split-K kernels)
-                    self.uneven = True
+                    # the pass explains no long run or random check: the stages from "long"
+                    # on again with the next pass's larger set (_expand_long)
+                    self.broad += 1
                     survivors, n = saved
                     del self.notes[n:]
                     self.closest = None
-                    self.notes.append("the width stage's groups with equal split-K slices explain no "
-                                      "observation: groups reopened, uneven slices tried")
+                    self.notes.append(
+                        "equal split-K slices explain no observation: uneven slices tried"
+                        if self.broad == 1 else "the width stage's groups with equal or uneven "
+                        "split-K slices explain no observation: groups reopened")
                     i = i_long
             survivors = sorted(self._ungrouped_twins(survivors), key=_pref)
             res.model = survivors[0].replace(name="inferred")
