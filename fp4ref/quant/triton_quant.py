@@ -99,18 +99,6 @@ if HAVE_TRITON:
         return tl.where(isnan, float("nan"), val)
 
     @triton.jit
-    def _encode_factor(sc, sf, dec, ZERO_TO_ONE: tl.constexpr, ONE_CODE: tl.constexpr):
-        """(scale code, element factor enc = fl(1 / fl(s_f * dec)) clamped to FLT_MAX); a zero
-        scale becomes 1.0 first when ZERO_TO_ONE."""
-        if ZERO_TO_ONE:
-            z = sf == 0.0
-            sc = tl.where(z, ONE_CODE, sc)
-            sf = tl.where(z, 1.0, sf)
-        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
-        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
-        return sc, enc
-
-    @triton.jit
     def _block_scale(vmax, mult, dec, SMBITS: tl.constexpr, SBIAS: tl.constexpr,
                      SMAXCODE: tl.constexpr, SNAN: tl.constexpr, SIEEE: tl.constexpr,
                      SMAX: tl.constexpr, ZERO_TO_ONE: tl.constexpr, ONE_CODE: tl.constexpr):
@@ -123,7 +111,13 @@ if HAVE_TRITON:
         sc = _round_code(s, SMBITS, SBIAS, SMAXCODE, False, 8)
         sc = tl.where(s != s, SNAN, sc)
         sf = _decode_scale(sc, SMBITS, SBIAS, SNAN, SIEEE)
-        return _encode_factor(sc, sf, dec, ZERO_TO_ONE, ONE_CODE)
+        if ZERO_TO_ONE:
+            z = sf == 0.0
+            sc = tl.where(z, ONE_CODE, sc)
+            sf = tl.where(z, 1.0, sf)
+        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
+        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        return sc, enc
 
     @triton.jit
     def _block_scale_rne(vmax, mult, dec, SMBITS: tl.constexpr, SBIAS: tl.constexpr,
@@ -144,7 +138,13 @@ if HAVE_TRITON:
         sc = (sf * (2.0 ** (SBIAS - 127))).to(tl.int32, bitcast=True) >> (23 - SMBITS)
         sc = tl.where(nan, SNAN, sc)
         sf = tl.where(nan, float("nan"), sf)
-        return _encode_factor(sc, sf, dec, ZERO_TO_ONE, ONE_CODE)
+        if ZERO_TO_ONE:
+            z = sf == 0.0
+            sc = tl.where(z, ONE_CODE, sc)
+            sf = tl.where(z, 1.0, sf)
+        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
+        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        return sc, enc
 
     @triton.jit
     def _load_f32(ptrs, msk, IS_BF16: tl.constexpr):
