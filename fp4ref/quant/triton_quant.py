@@ -99,6 +99,18 @@ if HAVE_TRITON:
         return tl.where(isnan, float("nan"), val)
 
     @triton.jit
+    def _encode_factor(sc, sf, dec, ZERO_TO_ONE: tl.constexpr, ONE_CODE: tl.constexpr):
+        """(scale code, element factor enc = fl(1 / fl(s_f * dec)) clamped to FLT_MAX) of a
+        decoded block scale s_f; a zero scale becomes 1.0 first when ZERO_TO_ONE."""
+        if ZERO_TO_ONE:
+            z = sf == 0.0
+            sc = tl.where(z, ONE_CODE, sc)
+            sf = tl.where(z, 1.0, sf)
+        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
+        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
+        return sc, enc
+
+    @triton.jit
     def _block_scale(vmax, mult, dec, SMBITS: tl.constexpr, SBIAS: tl.constexpr,
                      SMAXCODE: tl.constexpr, SNAN: tl.constexpr, SIEEE: tl.constexpr,
                      SMAX: tl.constexpr, ZERO_TO_ONE: tl.constexpr, ONE_CODE: tl.constexpr):
@@ -111,13 +123,7 @@ if HAVE_TRITON:
         sc = _round_code(s, SMBITS, SBIAS, SMAXCODE, False, 8)
         sc = tl.where(s != s, SNAN, sc)
         sf = _decode_scale(sc, SMBITS, SBIAS, SNAN, SIEEE)
-        if ZERO_TO_ONE:
-            z = sf == 0.0
-            sc = tl.where(z, ONE_CODE, sc)
-            sf = tl.where(z, 1.0, sf)
-        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
-        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
-        return sc, enc
+        return _encode_factor(sc, sf, dec, ZERO_TO_ONE, ONE_CODE)
 
     @triton.jit
     def _block_scale_rne(vmax, mult, dec, SMBITS: tl.constexpr, SBIAS: tl.constexpr,
@@ -138,13 +144,7 @@ if HAVE_TRITON:
         sc = (sf * (2.0 ** (SBIAS - 127))).to(tl.int32, bitcast=True) >> (23 - SMBITS)
         sc = tl.where(nan, SNAN, sc)
         sf = tl.where(nan, float("nan"), sf)
-        if ZERO_TO_ONE:
-            z = sf == 0.0
-            sc = tl.where(z, ONE_CODE, sc)
-            sf = tl.where(z, 1.0, sf)
-        enc = tl.math.div_rn(tl.full(sf.shape, 1.0, tl.float32), sf * dec)
-        enc = tl.where(enc > 3.4028234663852886e38, 3.4028234663852886e38, enc)
-        return sc, enc
+        return _encode_factor(sc, sf, dec, ZERO_TO_ONE, ONE_CODE)
 
     @triton.jit
     def _load_f32(ptrs, msk, IS_BF16: tl.constexpr):
@@ -268,17 +268,17 @@ if HAVE_TRITON:
         return s.to(tl.int32, bitcast=True) - cb + ((cb >> 22) - 298)
 
     @triton.jit
-    def _e2m1_byte(w, f, NANMAX: tl.constexpr):
+    def _e2m1_byte_nan(w, f):
         """Packed code byte (low nibble = even element) of a word's two bf16 values times f
-        (per row); NaN products -> code 7 when NANMAX (te_nvfp4 elem_nan "max")."""
+        (per row), NaN products -> code 7 (te_nvfp4 elem_nan "max"): the NaN-safe path of
+        programs that hold a NaN product (_codes8 is the fast path)."""
         xl, xh = _words_f32(w)
         ql = xl * f[:, None]
         qh = xh * f[:, None]
         cl = _e2m1_mag(ql) | ((ql.to(tl.int32, bitcast=True) >> 28) & 8)
         ch = _e2m1_mag(qh) | ((qh.to(tl.int32, bitcast=True) >> 28) & 8)
-        if NANMAX:
-            cl = tl.where(ql != ql, 7, cl)
-            ch = tl.where(qh != qh, 7, ch)
+        cl = tl.where(ql != ql, 7, cl)
+        ch = tl.where(qh != qh, 7, ch)
         return cl | (ch << 4)
 
     @triton.jit
@@ -362,8 +362,8 @@ if HAVE_TRITON:
         # infinity times enc = 0; only programs holding such a block pay the per-element test
         nanq = (vb > 0x7F80) | ((vb == 0x7F80) & (enc == 0.0))
         if tl.max(nanq.to(tl.int32), axis=0) > 0:
-            p0 = _pack4(_e2m1_byte(w0, enc, True))
-            p1 = _pack4(_e2m1_byte(w1, enc, True))
+            p0 = _pack4(_e2m1_byte_nan(w0, enc))
+            p1 = _pack4(_e2m1_byte_nan(w1, enc))
         else:
             p0 = _codes8(w0, enc)
             p1 = _codes8(w1, enc)
@@ -478,20 +478,25 @@ def _sixth() -> float:
     return _SIXTH[0]
 
 
+def _check_te_args(c: float, amax: torch.Tensor | None) -> None:
+    """c = fl(T * 6) must be a float32 value; amax, when given, a float32 scalar tensor."""
+    import struct
+    if struct.unpack("f", struct.pack("f", c))[0] != c:
+        raise ValueError(f"c: {c!r} is not a float32 value")
+    if amax is not None and (amax.dtype != torch.float32 or amax.numel() != 1):
+        raise ValueError(f"amax: expected a float32 scalar tensor, got {amax.dtype} "
+                         f"{tuple(amax.shape)}")
+
+
 def te_params(x: torch.Tensor | None, c: float, zero_amax_one: bool,
               amax: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [4] = [fl(S_enc * fl(1/6)), fl(1/S_enc), S_enc, amax], bit for bit as
     ``nvfp4.s_enc_params(amax, T)`` (c = fl(T * 6), a float32 value).  amax None: max|x|,
     computed in the same two launches as ``amax(x)``; else the float32 0-dim amax, one
     launch.  No host sync (current scaling is launch-bound otherwise)."""
-    import struct
-    if struct.unpack("f", struct.pack("f", c))[0] != c:
-        raise ValueError(f"c: {c!r} is not a float32 value")
+    _check_te_args(c, amax)
     if amax is None:
         return _amax(x, (c, zero_amax_one))
-    if amax.dtype != torch.float32 or amax.numel() != 1:
-        raise ValueError(f"amax: expected a float32 scalar tensor, got {amax.dtype} "
-                         f"{tuple(amax.shape)}")
     par = torch.empty(4, dtype=torch.float32, device=amax.device)
     _params_kernel[(1,)](amax.reshape(1), par, C=c, SIXTH=_sixth(), ZERO_ONE=zero_amax_one)
     return par
@@ -630,12 +635,7 @@ def two_level_1x16_amax(x: torch.Tensor, amax: torch.Tensor | None, c: float,
     amax None: current scaling, amax = max|x| (any NaN -> +canonical NaN).  For bf16 the
     quantize kernel derives the scales itself, after one torch max|x| reduction when amax is
     None: two launches for current scaling, one with amax, no host sync."""
-    import struct
-    if struct.unpack("f", struct.pack("f", c))[0] != c:
-        raise ValueError(f"c: {c!r} is not a float32 value")
-    if amax is not None and (amax.dtype != torch.float32 or amax.numel() != 1):
-        raise ValueError(f"amax: expected a float32 scalar tensor, got {amax.dtype} "
-                         f"{tuple(amax.shape)}")
+    _check_te_args(c, amax)
     if x.numel() and _flat_ok(x) and x.shape[-1] % 16 == 0:
         canon = amax is None
         g = torch.linalg.vector_norm(x, float("inf")).view(torch.int16) if canon \
