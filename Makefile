@@ -1,10 +1,13 @@
 # fp4ref: every target sets up its own environment (scripts/python.sh).
 SHELL := /bin/bash
+# The interpreter, set up on first use (a .venv here; the system python3 on the GPU machine),
+# with fp4ref installed editable; PYTHONPATH covers a machine where that install failed.
 PY = $(shell scripts/python.sh)
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: env test test-gpu test-thorough probe bench verify-exhaustive report conform gate clean
+.PHONY: env test test-slow test-gpu test-thorough probe probe-fleet bench verify-exhaustive report conform gate clean
 
 env:
 	@echo "python: $(PY)"
@@ -12,6 +15,12 @@ env:
 ## Tests on CPU (CI runs this). GPU tests skip without a GPU.
 test:
 	@$(PY) -m pytest -q -n 2 --dist worksteal --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS) tests
+
+## The long sweeps (marker slow: every 16-bit pattern x policy cross product, the Triton
+## interpreter sweep, the H200 _scaled_mm rowwise bf16-output inference); CI runs it after test.
+test-slow:
+	@FP4REF_SLOW_TESTS=1 $(PY) -m pytest -q -n 2 --dist worksteal -m slow --durations=10 \
+		--hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS) tests
 
 ## GPU tests only (marker gpu), thorough hypothesis profile.
 test-gpu:
@@ -25,6 +34,15 @@ test-thorough:
 PROBE_TIME_LIMIT ?= 290
 probe:
 	@$(PY) -m fp4ref probe --time-limit-s $(PROBE_TIME_LIMIT) $(PROBE_ARGS)
+
+## Every GPU of this node (torchrun, one process per GPU) against the baseline's models.
+## FLEET_GPUS=8 FLEET_OUT=reports/fleet make probe-fleet; multi-node / Slurm: docs/fleet.md.
+FLEET_GPUS ?= 1
+FLEET_OUT ?= reports/fleet
+FLEET_BASELINE ?= reports/baselines/h200-580.159.04.json
+probe-fleet:
+	@$(PY) -m torch.distributed.run --standalone --nproc-per-node $(FLEET_GPUS) -m fp4ref fleet \
+		--fingerprint --baseline $(FLEET_BASELINE) --out $(FLEET_OUT) $(FLEET_ARGS)
 
 bench:
 	@$(PY) -m fp4ref bench $(BENCH_ARGS)

@@ -39,12 +39,42 @@ _EXPORTS = {
     # GEMM models and emulators
     "GemmModel": ("reference.gemm", "GemmModel"),
     "GEMM_PRESETS": ("reference.gemm", "PRESETS"),
-    "emulate": ("fp4ref.gemm", "emulate"),
     "blockscaled_mm": ("fp4ref.gemm_triton", "blockscaled_mm"),
     "Linear": ("fp4ref.nn", "Linear"),
+    "mma": ("fp4ref.mma_tile", "mma"),  # one MMA instruction tile, bit-exact (docs/mma.md)
+    "scaled_mm": ("fp4ref.scaled_gemm", "scaled_mm"),  # emulated torch._scaled_mm NVFP4/MXFP4
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", "emulate", *_EXPORTS]
+
+# Presets that model native NVFP4 GEMMs: their operands are E2M1 (FP4) values, the block
+# scales carry the magnitude.  Other operands would emulate a GEMM no hardware runs.
+_FP4_PRESETS = ("probe_matched", "probe_matched_lattice")
+_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _check_fp4_operand(name: str, x, model: str) -> None:
+    import torch
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return  # the emulator names the problem (not a floating tensor)
+    ok = torch.isin(x.abs(), torch.tensor(_E2M1_MAGNITUDES, dtype=x.dtype, device=x.device))
+    if not bool(ok.all()):
+        idx = [int(i) for i in torch.nonzero(~ok)[0]]
+        raise ValueError(f"{name}: element {idx} = {float(x[tuple(idx)])!r} is not an FP4 (E2M1) value; "
+                         f"model {model!r} takes decoded E2M1 operands (valid magnitudes: "
+                         f"{', '.join(map(str, _E2M1_MAGNITUDES))}) with block scales in scales_a/scales_b")
+
+
+def emulate(model, a, b, **kw):
+    """C = A @ B under ``model`` (a GemmModel or a preset name), bit-identical to
+    ``reference.gemm.dot`` per element (see fp4ref.gemm.emulate for the arguments).
+    The NVFP4 presets (probe_matched, probe_matched_lattice) check that ``a`` and ``b``
+    hold E2M1 values and name the first operand element that is not."""
+    from .gemm import emulate as run
+    if isinstance(model, str) and model in _FP4_PRESETS:
+        _check_fp4_operand("a", a, model)
+        _check_fp4_operand("b", b, model)
+    return run(model, a, b, **kw)
 
 
 def __getattr__(name: str):

@@ -25,7 +25,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--out", default=None, help="write all rows as JSON here")
     args = ap.parse_args(argv)
+    if args.device is not None and args.device not in ("cpu", "cuda"):
+        print(f"bench: --device: unknown value {args.device!r}; valid choices: cpu, cuda", file=sys.stderr)
+        return 2
     import torch
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"bench: --device: 'cuda' needs a CUDA GPU and torch {torch.__version__} sees none here; "
+              "use --device cpu", file=sys.stderr)
+        return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     for s in wanted:

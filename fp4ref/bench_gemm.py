@@ -92,8 +92,8 @@ def run(device="cuda", sizes=(8192, 4096), emu_size: int = 2048, iters: int = 3)
             rec("triton_nvfp4_probe_matched",
                 lambda: GT.blockscaled_mm(ac, asc, bc, bsc, fmt="nvfp4", model="probe_matched",
                                           alpha=[ta, tb]),
-                "bit-exact emulation, end to end: code decode to bf16, tile routing, kernels, "
-                "fixups, epilogue", extra={"route": stats})
+                "the public call fp4ref.blockscaled_mm: bit-exact emulation, end to end: code "
+                "decode to bf16, tile routing, kernels, fixups, epilogue", extra={"route": stats})
             plan = GT.prepare(ac, asc, bc, bsc, fmt="nvfp4", model="probe_matched", alpha=[ta, tb])
             rec("triton_nvfp4_probe_matched_prepared", plan,
                 "operands decoded and routed once (as a layer whose weights are reused): "

@@ -5,7 +5,9 @@ bytes read + written, and that rate divided by the rate of a same-size torch cop
 (bytes read + written by ``dst.copy_(src)``).  Two byte counts per row:
 ``bytes_moved`` (what the kernels touch, e.g. the extra amax pass of current
 scaling) and ``bytes_logical`` (input once + outputs).  torchao's quantizers on
-the same tensor sit beside ours.  Target on the H200: >= 60% of copy bandwidth
+the same tensor sit beside ours.  The public calls (``fp4ref.quantize_recipe(...,
+backend="triton")``: NVFP4 / UE5M3 with amax given and with current scaling, MXFP4) are
+timed beside the internal kernel entry points, with ``ratio_public_internal``.  Target on the H200: >= 60% of copy bandwidth
 (logical bytes) for the fused kernels.  Ratios are reported, never asserted.
 Timing (CUDA): ``seconds`` is the sustained time per call (10 calls back to back between
 two events, for the copy baseline too), the best of three medians taken in turn with a
@@ -114,21 +116,22 @@ def run(device=None) -> list[dict]:
         p_nv = torch.stack((mult, dec))
         _, dec5, mult5 = s_enc_params(amax, 448.0)
         p_ue = torch.stack((mult5, dec5))
-        # the library's current-scaling path: amax partials, then amax + S_enc in one
-        # program, then the fused quantize (three launches, no host sync)
+        # internal entry points, then the public calls on the same tensor: bytes_moved of
+        # current scaling counts the input twice (torch max|x|, then the fused quantize)
         add("fp4ref NVFP4 te_nvfp4 1x16, current scaling (Triton: amax pass + fused quantize)",
             lambda: FN.quantize_packed(x, "te_nvfp4"), 2 * N * 2 + out_nv, N * 2 + out_nv,
-            "nvfp4.quantize_packed: packed codes")
-        add("fp4ref NVFP4 te_nvfp4 1x16, current scaling, unpacked codes (Triton)",
-            lambda: FN.quantize(x, "te_nvfp4", backend="triton"), 2 * N * 2 + out_nv + N,
-            N * 2 + out_nv, "nvfp4.quantize: BlockScaledTensor, one code byte per element "
-            "(unpacking is extra torch ops)")
+            "internal: nvfp4.quantize_packed, packed codes")
         add("fp4ref NVFP4 te_nvfp4 1x16, amax given (Triton fused, one pass)",
-            lambda: TQ.two_level_1x16(x, p_nv, "ue4m3", False), N * 2 + out_nv, N * 2 + out_nv)
+            lambda: TQ.two_level_1x16(x, p_nv, "ue4m3", False), N * 2 + out_nv, N * 2 + out_nv,
+            "internal: triton_quant.two_level_1x16, per-tensor scales given")
         add("fp4ref UE5M3 B=16 T=448, cached amax (Triton fused, one pass)",
-            lambda: TQ.two_level_1x16(x, p_ue, "ue5m3", True), N * 2 + out_nv, N * 2 + out_nv)
+            lambda: TQ.two_level_1x16(x, p_ue, "ue5m3", True), N * 2 + out_nv, N * 2 + out_nv,
+            "internal: triton_quant.two_level_1x16, per-tensor scales given")
         add("fp4ref MXFP4 ocp_mx_floor (Triton fused, one pass)",
-            lambda: TQ.mx_floor_e2m1(x), N * 2 + out_mx, N * 2 + out_mx)
+            lambda: TQ.mx_floor_e2m1(x), N * 2 + out_mx, N * 2 + out_mx,
+            "internal: triton_quant.mx_floor_e2m1")
+        _public_rows(add, x, amax, N * 2, out_nv, out_mx)
+    _pair_public(rows)
     add("fp4ref NVFP4 te_nvfp4 1x16 (torch path)",
         lambda: FN.quantize(x, "te_nvfp4", backend="torch"), 2 * N * 2 + out_nv, N * 2 + out_nv,
         "unfused torch ops; codes kept unpacked (one byte per element)")
@@ -155,6 +158,53 @@ def run(device=None) -> list[dict]:
         rows.append({"section": "quant", "name": "torchao quantizers", "device": str(device),
                      "skipped": True, "reason": f"torchao not importable: {type(e).__name__}: {e}"})
     return rows
+
+
+# public row -> the internal row it should match (ratio_public_internal = t_internal / t)
+PUBLIC_PAIRS = {
+    "public quantize_recipe te_nvfp4, amax given":
+        "fp4ref NVFP4 te_nvfp4 1x16, amax given (Triton fused, one pass)",
+    "public quantize_recipe ue5m3, amax given":
+        "fp4ref UE5M3 B=16 T=448, cached amax (Triton fused, one pass)",
+    "public quantize_recipe ocp_mx_floor":
+        "fp4ref MXFP4 ocp_mx_floor (Triton fused, one pass)",
+    "public quantize_recipe te_nvfp4, current scaling":
+        "fp4ref NVFP4 te_nvfp4 1x16, current scaling (Triton: amax pass + fused quantize)",
+    "public quantize_recipe ue5m3, current scaling":
+        "fp4ref NVFP4 te_nvfp4 1x16, current scaling (Triton: amax pass + fused quantize)",
+}
+
+
+def _public_rows(add, x, amax, in_bytes, out_nv, out_mx):
+    """The calls users make: fp4ref.quantize_recipe(..., backend="triton") returning a
+    BlockScaledTensor (codes packed until read), amax as a float32 device tensor (a cached
+    amax) or None (current scaling: two reads of the input)."""
+    import fp4ref
+    q = fp4ref.quantize_recipe
+    names = list(PUBLIC_PAIRS)
+    add(names[0], lambda: q(x, "te_nvfp4", amax=amax, backend="triton"),
+        in_bytes + out_nv, in_bytes + out_nv, "public API, one fused kernel")
+    add(names[1], lambda: q(x, "ue5m3", amax=amax, backend="triton"),
+        in_bytes + out_nv, in_bytes + out_nv, "public API, one fused kernel")
+    add(names[2], lambda: q(x, "ocp_mx_floor", backend="triton"),
+        in_bytes + out_mx, in_bytes + out_mx, "public API, one fused kernel")
+    add(names[3], lambda: q(x, "te_nvfp4", backend="triton"), 2 * in_bytes + out_nv,
+        in_bytes + out_nv, "public API: torch max|x| + one fused kernel; frac_copy_bw counts "
+        "both reads of the input")
+    add(names[4], lambda: q(x, "ue5m3", backend="triton"), 2 * in_bytes + out_nv,
+        in_bytes + out_nv, "public API: torch max|x| + one fused kernel; frac_copy_bw counts "
+        "both reads of the input")
+
+
+def _pair_public(rows) -> None:
+    """Puts the internal row's figures beside each public row (the ratio shows overhead)."""
+    by_name = {r["name"]: r for r in rows if "seconds" in r}
+    for r in rows:
+        ref = by_name.get(PUBLIC_PAIRS.get(r.get("name"), ""))
+        if ref is not None and "seconds" in r:
+            r["internal_name"] = ref["name"]
+            r["internal_frac_copy_bw"] = ref["frac_copy_bw"]
+            r["ratio_public_internal"] = ref["seconds"] / r["seconds"]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,13 @@
 """Conformance matrix: each installed third-party quantizer against the profile it
 claims to implement, on the same inputs, bit for bit.
 
-    fp4ref conform [--out conformance.json] [--cases N] [--cells GLOB ...] [--engine fast|exact]
+    fp4ref conform [--out PATH] [--cases N] [--cells GLOB ...] [--engine fast|exact]
+
+Default output: reports/conformance/conformance.json (checked writable before the run).
+Beside the cells, the matrix carries an "independent" column per profile: which independent
+implementations checked it (the cells that agreed in this run, plus the test suite's oracles:
+gfloat, ml_dtypes, torch, mpmath, the second implementation in tests/independent) and which
+rules are checked only against the spec's literals.
 
 A cell runs a deterministic set of inputs (seeded block-structured tensors:
 ties, block-amax edges, zero / tiny / huge blocks, NaN / Inf / -0, plus random
@@ -34,7 +40,9 @@ from . import thirdparty as tp
 from .quant.inputs import GRID_KINDS
 
 __all__ = ["CellSpec", "CellResult", "CELLS", "cell_names", "run_cell", "run_conformance",
-           "write_matrix", "main", "SCHEMA", "SCHEMA_VERSION"]
+           "write_matrix", "main", "SCHEMA", "SCHEMA_VERSION", "INDEPENDENT_TESTS",
+           "independent_column", "DEFAULT_OUT"]
+DEFAULT_OUT = "reports/conformance/conformance.json"
 
 SCHEMA = "fp4ref.conformance"
 SCHEMA_VERSION = 1
@@ -582,18 +590,102 @@ def run_conformance(cells: list[str] | None = None, cases: int = 60, seed: int =
     return out
 
 
+# --- independent checks per profile (the test suite's oracles; docs/oracles.md) -------------
+_CASTS = "gfloat, ml_dtypes, torch: element and scale casts (tests/test_oracle_gfloat.py, test_oracles.py)"
+_SECOND = "second implementation from SPEC.md (tests/independent)"
+_NV_LIT = "two-level scale order of TE's CUDA kernel (S_enc, fl(v * fl(S/6))): SPEC literals only"
+_MX_LIT = "OCP MX shared-scale rule (floor/ceil/even/rceil) without a torchao cell: SPEC literals only"
+# profile -> (independent checks in the test suite, rules checked only against SPEC literals)
+INDEPENDENT_TESTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "te_nvfp4": ((_CASTS, _SECOND + " (two-level rule)"), (_NV_LIT,)),
+    "te_nvfp4_2509": ((_CASTS,), ("TE 2.5-2.9 divide-first scale order: SPEC literals only",)),
+    "te_nvfp4_ref": ((_CASTS, "transformer_engine NVFP4QuantizerRef"), ()),
+    "te_nvfp4_ref_rht": ((_CASTS, "transformer_engine NVFP4QuantizerRef (RHT)"), ()),
+    "te_nvfp4_rht": ((_CASTS,), ("RHT of the kernel profile: SPEC literals only",)),
+    "te_nvfp4_4over6": ((_CASTS, "transformer_engine NVFP4QuantizerRef (4over6 MAE)"), ()),
+    "te_nvfp4_4over6_mse": ((_CASTS, "transformer_engine NVFP4QuantizerRef (4over6 MSE)"), ()),
+    "torchao_nvfp4": ((_CASTS, "torchao nvfp4_quantize / NVFP4Tensor"), ()),
+    "torchao_nvfp4_1level": ((_CASTS, "torchao NVFP4Tensor (one level)"), ()),
+    "pytorch_test_nvfp4": ((_CASTS,), ("torch testing NVFP4 helper: SPEC literals only",)),
+    "ue5m3": ((_CASTS, _SECOND + " (UE5M3 op order)"), ()),
+    "quartet_fwd": ((_CASTS, _SECOND + " (QuEST forward, ties)"), ()),
+    "quartet_bwd": ((_CASTS,), ("Quartet backward SR and signs: SPEC literals only",)),
+    "fusion_cta_nvfp4": ((_CASTS, _SECOND + " (fusion scale domains)"), ()),
+    "fusion_row_sr_mxfp4": ((_CASTS, _SECOND + " (fusion scale domains)"), ()),
+    "fusion_h32_mxfp4": ((_CASTS, _SECOND + " (fusion scale domains)"), ()),
+    "ocp_mx_floor": ((_CASTS,), (_MX_LIT,)),
+    "ocp_mx_ceil": ((_CASTS,), (_MX_LIT,)),
+    "ocp_mx_even": ((_CASTS,), (_MX_LIT,)),
+    "ocp_mx_rceil": ((_CASTS,), (_MX_LIT,)),
+    "torchao_mx_floor": ((_CASTS, "torchao to_mx (FLOOR)"), ()),
+    "torchao_mx_ceil": ((_CASTS, "torchao to_mx (CEIL)"), ()),
+    "torchao_mx_even": ((_CASTS, "torchao to_mx (EVEN)"), ()),
+    "torchao_mx_rceil": ((_CASTS, "torchao to_mx (RCEIL)"), ()),
+    "pytorch_test_mx": ((_CASTS, "torch testing common_quantized.to_mxfp"), ()),
+    "microxcaling": ((_CASTS,), ("microxcaling RNA rule: SPEC literals only (not installable here)",)),
+    "te_fp8_current": ((_CASTS,), ("TE FP8 current scaling of the kernel: SPEC literals only",)),
+    "te_fp8_current_ref": ((_CASTS, "transformer_engine reference_current_scaling"), ()),
+    "te_fp8_delayed": ((_CASTS,), ("delayed scaling (amax history): SPEC literals only",)),
+}
+
+
+def independent_column(results: list[CellResult]) -> list[dict]:
+    """Per profile: the implementations that agreed with it in this run, the test suite's
+    independent checks, and the rules checked only against SPEC literals."""
+    from reference.recipes import RECIPE_PROFILES
+    ran = {}
+    for r in results:
+        if r.status == "agree":
+            ran.setdefault(r.profile, []).append(r.implementation)
+    out = []
+    for prof in RECIPE_PROFILES:
+        tests, lits = INDEPENDENT_TESTS.get(prof, ((), ("not listed: SPEC literals only",)))
+        out.append({"profile": prof, "agreed_in_this_run": ran.get(prof, []),
+                    "test_suite": list(tests), "spec_literals_only": list(lits)})
+    return out
+
+
 def write_matrix(results: list[CellResult], path: str) -> None:
     """Atomic JSON write (temp file in the target directory, then os.replace)."""
     obj = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-           "cells": [r.as_json() for r in results]}
+           "cells": [r.as_json() for r in results], "independent": independent_column(results)}
     from reports.schema import write_json_atomic  # the project's one atomic writer
     write_json_atomic(path, obj)
+
+
+def _check_cells(pats: list[str]) -> str | None:
+    """Each --cells pattern must match some cell (implementation or profile name)."""
+    names = [(s.implementation, s.profile) for s in _cells()]
+    for pat in pats:
+        if not any(_match(i, pat) or _match(p, pat) for i, p in names):
+            valid = sorted({p for _, p in names}) + [i for i, _ in names]
+            return (f"--cells: {pat!r} matches no cell; valid choices (globs on these names): "
+                    + "; ".join(valid))
+    return None
+
+
+def _check_out(path: str) -> str | None:
+    """--out must be writable before cells run for minutes: its directory is created (as the
+    atomic writer would) and a probe file written and removed there."""
+    import os
+    import tempfile
+    d = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path):
+        return f"--out: {path!r} is a directory; valid: a file path such as {DEFAULT_OUT}"
+    try:
+        os.makedirs(d, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".conform-probe-"):
+            pass
+    except OSError as e:
+        return f"--out: {path!r} is not writable ({e.strerror or e}); valid: a writable file path"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fp4ref conform",
                                  description="conformance matrix of installed public quantizers")
-    ap.add_argument("--out", default="conformance.json", help="JSON matrix path (atomic write)")
+    ap.add_argument("--out", default=DEFAULT_OUT,
+                    help=f"JSON matrix path (atomic write; default {DEFAULT_OUT})")
     ap.add_argument("--cases", type=int, default=60,
                     help="seeded inputs per cell, and as many hypothesis examples (default 60)")
     ap.add_argument("--cells", action="append", default=[],
@@ -612,6 +704,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conform: --cases {args.cases} must be >= 0", file=sys.stderr)
         return 2
     pats = [p.strip() for c in args.cells for p in c.split(";") if p.strip()]
+    err = _check_cells(pats) or _check_out(args.out)
+    if err:
+        print(f"conform: {err}", file=sys.stderr)
+        return 2
 
     def progress(r, dt):
         print(f"{r.status:<9} {r.agree:>5}/{r.cases:<5} {r.profile:<22} {r.implementation}"

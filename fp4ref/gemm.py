@@ -26,6 +26,17 @@ How exactness is kept (no float shortcut is ever trusted):
   ``align_ref`` EXPONENT_SUM, for products the sum of the factors' (and PRODUCT
   block scales') floor(log2), precomputed per operand element and summed per
   product next to the products themselves (same O(R * F) working set).
+* The Blackwell MMA family (issue 17; ``chain``, ``exact_group``, ``overflow_inf``,
+  ``align_ref`` SCALE_EXPONENT_SUM with ``exp_formats``) runs on the same engine, one
+  rule each: exact runs of E products are exact row sums (one addend per run; a run wider
+  than 62 bits sends its output to ``reference.gemm.dot``), alignment exponents come from
+  the operand formats (subnormals and zeros at emin; runs of a block-scaled GEMM by their
+  scales alone, per block), the fused step aligns at the largest of them and of the
+  accumulator's max(floor(log2|acc|), -126), ``overflow_inf`` turns a fused sum >= 2**128
+  into +-Inf, and ``chain`` starts each group from the FP32 accumulator.  A NaN in a row
+  of a / scales_a or a column of b / scales_b makes that output NaN under every model
+  of the family, so those outputs are marked up front and the rest runs on finite
+  operands (the chunked matmul path then builds whole runs at once).
 * Fast paths, used only where they are provably identical: (1) a chunk of
   products whose operands are small integers (times per-row/column powers of
   two) is summed by a float64 matmul, exact because every partial sum is an
@@ -194,6 +205,9 @@ def _rshift_round(mag, s, sticky, neg, mode: Mode, odd=None):
     big = s >= 63
     ss = s.clamp(0, 62)
     n = mag >> ss
+    if mode is Mode.RTZ:  # truncation: no remainder analysis (the MMA family's hot path)
+        n = torch.where(big, 0, n)
+        return n, torch.where(big, mag != 0, (n << ss) != mag) | sticky
     rem = mag - (n << ss)
     half = torch.where(ss > 0, 1 << (ss - 1).clamp(min=0), 0)
     pos = (ss > 0) & ~big
@@ -481,19 +495,26 @@ def _add_round(x: _V, y: _V, f: _Fmt, mode: Mode) -> _V:
 # ---------------------------------------------------------------------------
 # the fused step
 # ---------------------------------------------------------------------------
-def _align_terms(N, E, align_bits: int, mode: Mode, X=None):
+def _align_terms(N, E, align_bits: int, mode: Mode, X=None, scale_ref: bool = False):
     """Round each term to a multiple of 2**(emax - align_bits), emax over the row's nonzero terms.
 
     X [R, n - 1] (align_ref EXPONENT_SUM): the products' (columns 1..) alignment exponents, the
     sums of their factors' floor(log2) (_NOEXP where a factor is zero or non-finite: the
     product is then zero or special, so it takes no part); column 0, the accumulator, and
-    every term without X use their own floor(log2|t|)."""
+    every term without X use their own floor(log2|t|).
+    scale_ref (align_ref SCALE_EXPONENT_SUM): emax is the max of X over every term, zeros
+    included, and of the accumulator's max(floor(log2|acc|), -126) (-126 when it is zero)."""
     nz = N != 0
     mag = N.abs()
-    ex = E + _bitlen(mag) - 1
-    if X is not None:
-        ex = torch.cat([ex[:, :1], torch.where(X > _NOEXP // 2, X, ex[:, 1:])], 1)
-    top = torch.where(nz, ex, -_BIG).amax(1, keepdim=True)
+    if scale_ref:  # only the accumulator's own exponent is needed
+        e0 = (E[:, :1] + _bitlen(mag[:, :1]) - 1).clamp(min=-126)
+        e0 = torch.where(nz[:, :1], e0, -126)
+        top = torch.cat([e0, X], 1).amax(1, keepdim=True)
+    else:
+        ex = E + _bitlen(mag) - 1
+        if X is not None:
+            ex = torch.cat([ex[:, :1], torch.where(X > _NOEXP // 2, X, ex[:, 1:])], 1)
+        top = torch.where(nz, ex, -_BIG).amax(1, keepdim=True)
     qexp = top - align_bits
     s = qexp - E
     n, _ = _rshift_round(mag, s.clamp(min=0), torch.zeros_like(nz), N < 0, mode)
@@ -519,7 +540,8 @@ def _fused_step(model: GemmModel, fa: _Fmt, acc: _V, P: _V, force_limbs=False,
     negs = torch.cat([acc.neg[:, None], P.neg], 1)
     allzero = ~(N != 0).any(1)
     if model.align_bits is not None:
-        N, E = _align_terms(N, E, model.align_bits, model.align_mode, X)
+        N, E = _align_terms(N, E, model.align_bits, model.align_mode, X,
+                            model.align_ref is AlignRef.SCALE_EXPONENT_SUM)
     mag, exp, sticky, neg, zero = _exact_sum(N, E, force_limbs)
     zneg = torch.where(allzero, _zero_sign(negs, model.norm_mode),
                        torch.full_like(allzero, model.norm_mode is Mode.RDN))
@@ -535,6 +557,12 @@ def _fused_step(model: GemmModel, fa: _Fmt, acc: _V, P: _V, force_limbs=False,
         nan = (ks == 2).any(1) | (pinf & ninf)
         kind = torch.where(nan, 2, torch.where(pinf | ninf, 1, 0)).to(torch.int8)
         sneg = ninf & ~nan
+    if model.overflow_inf:  # a finite fused sum of magnitude >= 2**128 is +-Inf (any norm_mode)
+        big = ~zero & (exp + _bitlen(mag) - 1 >= 128)
+        if bool(big.any()):
+            k0 = kind if kind is not None else torch.zeros(big.shape, dtype=torch.int8, device=big.device)
+            sneg = torch.where(k0 != 0, sneg if sneg is not None else neg, neg)
+            kind = torch.where(k0 != 0, k0, big.to(torch.int8))
     return _finish(r, kind, sneg)
 
 
@@ -603,6 +631,15 @@ def _exp_of(v: _V) -> torch.Tensor:
     if v.kind is not None:
         ok = ok & (v.kind == 0)
     return torch.where(ok, v.E + _bitlen(v.N.abs()) - 1, _NOEXP)
+
+
+def _format_exp(v: _V, fmt: str) -> torch.Tensor:
+    """A factor's exponent as an MMA sees it (reference.gemm._format_exponent): floor(log2|x|),
+    or the format's minimum normal exponent for subnormals and zeros (specials: any value,
+    their products are special and decided before alignment)."""
+    emin = get_format(fmt).emin
+    ex = v.E + _bitlen(v.N.abs()) - 1
+    return torch.where((v.N != 0) & (ex >= emin), ex, emin)
 
 
 def _width(v: _V) -> int:
@@ -680,6 +717,9 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
             raise ValueError(f"split_k: scale_point GROUP needs slices of whole blocks "
                              f"({block}); got K={K}, split_k={S}, split_tile={model.split_tile}")
     factors = _alpha_factors(alpha, M, Nn, dev)
+    nan_out = None
+    if _is_family(model) and get_format(model.output).has_nan:
+        a, b, scales_a, scales_b, nan_out = _nan_prepass(a, b, scales_a, scales_b)
 
     A = _from_float(a)
     B = _from_float(b)
@@ -696,7 +736,7 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
     if wp > 62:
         raise ValueError(f"a, b: products need {wp} significant bits; the emulator supports at most 62 "
                          "(operand, product_format and scale significand widths added)")
-    ctx = _Ctx(model, A, B, SA, SB, block, _paths)
+    ctx = _Ctx(model, A, B, SA, SB, block, _paths, raw=(a, b, scales_a, scales_b))
     out = torch.empty(M, Nn, dtype=torch.float32, device=dev)
     per_row = max(1, Nn * max(2, min(model.fma_width, K // S or 1) + 1))
     budget = (1 << 25) if dev.type == "cuda" else (1 << 21)
@@ -704,6 +744,54 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
     for r0 in range(0, M, rows):
         r1 = min(M, r0 + rows)
         out[r0:r1] = ctx.rows(r0, r1, [f[r0:r1] for f in factors])
+    if nan_out is not None:
+        out = torch.where(nan_out, torch.full_like(out, math.nan), out)
+    return out
+
+
+def _is_family(model: GemmModel) -> bool:
+    """Blackwell MMA-family models (issue 17): chained instructions, exact runs, or
+    alignment at the operand formats' exponents."""
+    return model.chain or model.exact_group is not None or model.align_ref is AlignRef.SCALE_EXPONENT_SUM
+
+
+def _nan_prepass(a, b, sa, sb):
+    """Every model of the family gives NaN for output (i, j) when row i of a / scales_a or
+    column j of b / scales_b holds a NaN (a NaN factor makes a NaN product, and NaN
+    survives every sum, product and rounding after it), and output (i, j) reads nothing
+    else of those rows and columns: mark those outputs, and replace the NaNs (elements by
+    0, scales by 1) so the finite fast paths can run on the rest."""
+    rows = torch.isnan(a).any(1)
+    cols = torch.isnan(b).any(0)
+    if sa is not None:
+        rows = rows | torch.isnan(sa).any(1)
+        cols = cols | torch.isnan(sb).any(0)
+    if not bool(rows.any() or cols.any()):
+        return a, b, sa, sb, None
+    def fill(x, v):  # NaN only: infinities stay (Inf * 0 is NaN elsewhere too)
+        return torch.where(torch.isnan(x), torch.full_like(x, v), x)
+    a, b = fill(a, 0.0), fill(b, 0.0)
+    if sa is not None:
+        sa, sb = fill(sa, 1.0), fill(sb, 1.0)
+    return a, b, sa, sb, rows[:, None] | cols[None, :]
+
+
+def _reference_outputs(model, raw, block, factors, r0, idx) -> list[float]:
+    """Outputs (r0 + i, j) for flat indices ``idx`` of a row chunk, by ``reference.gemm.dot``
+    (exact): the rare elements whose exact runs do not fit the int64 form (a run of
+    ``exact_group`` products spanning more than 62 bits)."""
+    from reference.gemm import dot
+    a, b, sa, sb = raw
+    n = b.shape[1]
+    out = []
+    for f in idx.tolist():
+        i, j = r0 + f // n, f % n
+        kw = {}
+        if sa is not None:
+            kw = dict(scales_a=sa[i].double().tolist(), scales_b=sb[:, j].double().tolist(), block=block)
+        if factors:
+            kw["alpha"] = [float(x.reshape(-1)[f]) for x in factors]
+        out.append(float(dot(model, a[i].double().tolist(), b[:, j].double().tolist(), **kw)))
     return out
 
 
@@ -715,8 +803,9 @@ def _sub(v: _V, *idx) -> _V:
 
 
 class _Ctx:
-    def __init__(self, model: GemmModel, A, B, SA, SB, block, paths):
+    def __init__(self, model: GemmModel, A, B, SA, SB, block, paths, raw=None):
         self.m = model
+        self.raw = raw
         self.A, self.B, self.SA, self.SB, self.block = A, B, SA, SB, block
         self.paths = paths
         self.fa = _acc_fmt(model)
@@ -727,24 +816,44 @@ class _Ctx:
         self.finite = all(v is None or v.kind is None for v in (A, B, SA, SB))
         self.chunk = self._plan_chunk() if paths == "auto" else 0
         self.native = paths == "auto" and self._plan_native()
-        # align_ref EXPONENT_SUM: per-operand floor(log2|x|) ([M, K], [K, N], scales), summed
-        # per product in _products (O(MK + KN) here, O(R * F) per fused step)
-        self.xs = None
-        if model.align_bits is not None and model.align_ref is AlignRef.EXPONENT_SUM:
-            self.xs = [_exp_of(A), _exp_of(B)]
-            if SA is not None and model.scale_point is ScalePoint.PRODUCT:
-                self.xs += [_exp_of(SA), _exp_of(SB)]
+        self._plan_exps()
+
+    def _plan_exps(self) -> None:
+        """Per-operand alignment exponents ([M, K], [K, N], scales), summed per product in
+        _products (O(MK + KN) here, O(R * F) per fused step).  EXPONENT_SUM: floor(log2|x|)
+        (_NOEXP for zeros and specials); SCALE_EXPONENT_SUM: the ``exp_formats`` exponents
+        (subnormals and zeros at the format's emin), scales only for exact runs of a
+        block-scaled GEMM (reference.gemm._alignment_exponents)."""
+        m, A, B, SA, SB = self.m, self.A, self.B, self.SA, self.SB
+        self.xa = self.xb = self.xsa = self.xsb = None
+        if m.align_bits is not None and m.align_ref is AlignRef.EXPONENT_SUM:
+            self.xa, self.xb = _exp_of(A), _exp_of(B)
+            if SA is not None and m.scale_point is ScalePoint.PRODUCT:
+                self.xsa, self.xsb = _exp_of(SA), _exp_of(SB)
+        elif m.align_bits is not None and m.align_ref is AlignRef.SCALE_EXPONENT_SUM:
+            fa, fb, fs = m.exp_formats or ("float32",) * 3
+            if not (m.exact_group and SA is not None):
+                self.xa, self.xb = _format_exp(A, fa), _format_exp(B, fb)
+            if SA is not None:
+                self.xsa, self.xsb = _format_exp(SA, fs or "float32"), _format_exp(SB, fs or "float32")
+        self.has_x = self.xa is not None or self.xsa is not None
 
     # --- fast path 1: chunks of products summed by an exact float64 matmul -----------
     def _plan_chunk(self) -> int:
         m = self.m
         blocked = self.SA is not None
-        if (not self.finite or m.align_bits is not None or m.product_format is not None
+        E = m.exact_group
+        runs_ok = E is not None and m.align_ref is not AlignRef.EXPONENT_SUM
+        if (not self.finite or (m.align_bits is not None and not runs_ok) or m.product_format is not None
                 or m.norm_mode is Mode.RDN or (blocked and m.scale_point is not ScalePoint.PRODUCT)):
             return 0
         # every slice boundary (and so every group and step start) is a multiple of ks
         ks = math.gcd(*[x for lo, hi in split_bounds(m, self.K) for x in (lo, hi)])
         C = math.gcd(m.fma_width, m.group_size or ks, ks)
+        if E is not None:  # chunks build whole runs: every step a whole number of runs
+            if C % E:
+                return 0
+            C = E
         if blocked:
             C = math.gcd(C, self.block)
         if C < 2:
@@ -792,7 +901,7 @@ class _Ctx:
     # --- fast path 2: FP32 RNE sequential sums of exact FP32 products ------------------
     def _plan_native(self) -> bool:
         m = self.m
-        if (m.fma_width != 1 or m.align_bits is not None or m.acc_frac_bits != 23
+        if (m.fma_width != 1 or m.align_bits is not None or m.acc_frac_bits != 23 or _is_family(m)
                 or m.norm_mode is not Mode.RNE or m.acc_subnormal is not Subnormal.KEEP
                 or m.product_format is not None):
             return False
@@ -860,12 +969,78 @@ class _Ctx:
             vsb = _V(bc_b(sb.N), bc_b(sb.E), bc_b(sb.neg), None if sb.kind is None else bc_b(sb.kind))
             p = _mul_exact(p, _mul_exact(vsa, vsb))
         X = None
-        if self.xs is not None:
-            xa = self.xs[0][self.r0:self.r0 + m, k0:k1]
-            X = bc_a(xa) + bc_b(self.xs[1][k0:k1])
-            if len(self.xs) > 2:
-                X = X + bc_a(self.xs[2][self.r0:self.r0 + m][:, blk]) + bc_b(self.xs[3][blk])
+        if self.has_x:
+            X = torch.zeros((m * n, f), dtype=_I64, device=self.dev)
+            if self.xa is not None:
+                X = X + bc_a(self.xa[self.r0:self.r0 + m, k0:k1]) + bc_b(self.xb[k0:k1])
+            if self.xsa is not None:
+                blk = torch.arange(k0, k1, device=self.dev) // self.block
+                X = X + bc_a(self.xsa[self.r0:self.r0 + m][:, blk]) + bc_b(self.xsb[blk])
         return p, X
+
+    # --- exact runs (exact_group E): each run of E products of a step is one addend ---------
+    def _runs(self, P: _V, X) -> tuple[_V, torch.Tensor | None]:
+        """[R, f] products -> [R, ceil(f / E)] exact run sums (reference.gemm._exact_runs):
+        IEEE specials per run, an exact zero is -0 only if all its products are -0, the run's
+        alignment exponent is the largest of its products'.  A run whose exact sum needs more
+        than 62 bits marks its row for the reference (self.redo)."""
+        E = self.m.exact_group
+        R, f = P.N.shape
+        nr = -(-f // E)
+        pad = nr * E - f
+        kind = _kinds(P) if P.kind is not None else None
+        if pad:  # -0 fillers: no value, no special, no say in the zero sign or the exponent
+            z = torch.zeros(R, pad, dtype=_I64, device=self.dev)
+            P = _V(torch.cat([P.N, z], 1), torch.cat([P.E, z], 1),
+                   torch.cat([P.neg, torch.ones(R, pad, dtype=torch.bool, device=self.dev)], 1), None)
+            kind = None if kind is None else torch.cat([kind, z.to(torch.int8)], 1)
+            X = None if X is None else torch.cat([X, torch.full_like(z, _NOEXP)], 1)
+        mag, exp, sticky, neg, zero = _exact_sum(P.N.reshape(R * nr, E), P.E.reshape(R * nr, E))
+        negs = P.neg.reshape(R * nr, E)
+        neg = torch.where(zero, negs.all(1), neg)
+        self.redo |= sticky.reshape(R, nr).any(1)
+        N, Ex = _strip(torch.where(neg, -mag, mag), exp)
+        rk = None
+        if kind is not None:
+            ks = kind.reshape(R * nr, E)
+            pinf, ninf = ((ks == 1) & ~negs).any(1), ((ks == 1) & negs).any(1)
+            nan = (ks == 2).any(1) | (pinf & ninf)
+            rk = torch.where(nan, 2, torch.where(pinf | ninf, 1, 0)).to(torch.int8)
+            N = torch.where(rk != 0, 0, N)
+            neg = torch.where(rk != 0, ninf & ~nan, neg)
+            rk = rk.reshape(R, nr)
+        runs = _V(N.reshape(R, nr), Ex.reshape(R, nr), neg.reshape(R, nr), rk)
+        return runs, (None if X is None else X.reshape(R, nr, E).amax(2))
+
+    def _chunk_runs(self, SA, j0, j1) -> tuple[_V, torch.Tensor | None]:
+        """Exact runs from the chunked matmul path (finite operands; C divides E)."""
+        P = self._chunk_terms(self.r0, self.r1, SA, j0, j1)
+        E, C = self.m.exact_group, self.chunk
+        if C != E:  # chunks of one run may carry different block scales: exact sum
+            R, nc = P.N.shape
+            nr, per = nc * C // E, E // C
+            mag, exp, sticky, neg, zero = _exact_sum(P.N.reshape(R * nr, per), P.E.reshape(R * nr, per))
+            self.redo |= sticky.reshape(R, nr).any(1)
+            N, Ex = _strip(torch.where(neg & ~zero, -mag, mag), exp)
+            P = _V(N.reshape(R, nr), Ex.reshape(R, nr), torch.zeros_like(N, dtype=torch.bool).reshape(R, nr), None)
+        return P, (self._run_exps(j0, j1) if self.has_x else None)
+
+    def _run_exps(self, j0, j1) -> torch.Tensor:
+        """[R, runs] alignment exponents of the runs of columns [j0, j1): the largest over
+        each run of its products' exponent sums (scales only: per block, not per element)."""
+        E, r0, r1 = self.m.exact_group, self.r0, self.r1
+        cols = []
+        for s in range(j0, j1, E):
+            x = None
+            if self.xa is not None:
+                x = self.xa[r0:r1, s:s + E, None] + self.xb[None, s:s + E, :]
+            if self.xsa is not None:
+                blk = (torch.arange(s, s + E, device=self.dev) // self.block if x is not None else
+                       torch.arange(s // self.block, (s + E - 1) // self.block + 1, device=self.dev))
+                xs = self.xsa[r0:r1][:, blk, None] + self.xsb[None, blk, :]
+                x = xs if x is None else x + xs
+            cols.append(x.amax(1).reshape(-1))
+        return torch.stack(cols, 1)
 
     def _group_scale(self, SA, g) -> _V:
         m = SA.N.shape[0]
@@ -888,7 +1063,12 @@ class _Ctx:
         except _Restart:
             self.chunk = 0
             c = self._rows(r0, r1)
-        return self._finish_rows(c, r0, r1, factors)
+        out = self._finish_rows(c, r0, r1, factors)
+        if bool(self.redo.any()):  # rare: exact runs wider than the int64 form
+            idx = self.redo.nonzero().squeeze(1)
+            vals = _reference_outputs(self.m, self.raw, self.block, factors, r0, idx)
+            out.view(-1)[idx] = torch.tensor(vals, dtype=torch.float32, device=self.dev)
+        return out
 
     def _rows(self, r0, r1) -> _V:
         m = self.m
@@ -896,6 +1076,7 @@ class _Ctx:
         A = _sub(self.A, slice(r0, r1))
         SA = _sub(self.SA, slice(r0, r1)) if self.SA is not None else None
         R = (r1 - r0) * self.Nn
+        self.redo = torch.zeros(R, dtype=torch.bool, device=self.dev)
         total = None
         for lo, hi in split_bounds(m, self.K):
             part = self._slice(A, SA, lo, hi, R)
@@ -918,29 +1099,39 @@ class _Ctx:
         outer = None
         for gi, g0 in enumerate(range(k0, max(k1, k0 + 1), G)):
             g1 = min(g0 + G, k1)
-            acc = self._group(A, SA, g0, g1, R)
+            # chain: each group (instruction) starts from the FP32 accumulator, C
+            acc = self._group(A, SA, g0, g1, R, outer if m.chain else None)
             if SA is not None and m.scale_point is ScalePoint.GROUP:
                 acc = _mul_round(acc, self._group_scale(SA, g0 // self.block), _FP32, Mode.RNE)
-            if outer is None:
+            if m.chain and m.acc_frac_bits == 23:
+                outer = acc  # the accumulator format is FP32 itself: rounding is the identity
+            elif outer is None or m.chain:
                 outer = _round_value(acc, _FP32, m.outer_mode)
             else:
                 outer = _add_round(outer, acc, _FP32, m.outer_mode)
         return outer
 
-    def _group(self, A, SA, g0, g1, R) -> _V:
+    def _group(self, A, SA, g0, g1, R, start: _V | None = None) -> _V:
         m = self.m
         if self.native:
             return self._native_group(self.r0, self.r1, g0, g1)
-        acc = _zero((R,), self.dev)
+        if start is not None and self.chunk and bool((_is_zero(start) & start.neg).any()):
+            raise _Restart  # a -0 C: the zero sign then depends on zero products' signs
+        acc = _zero((R,), self.dev) if start is None else start
         F = m.fma_width
         limbs = self.paths == "limbs"
         for j0 in range(g0, g1, F):
             j1 = min(j0 + F, g1)
-            if self.chunk:
+            if self.chunk and m.exact_group is not None:
+                P, X = self._chunk_runs(SA, j0, j1)
+                acc = _fused_step(m, self.fa, acc, P, strict_zero=True, X=X)
+            elif self.chunk:
                 P = self._chunk_terms(self.r0, self.r1, SA, j0, j1)
                 acc = _fused_step(m, self.fa, acc, P, strict_zero=True)
             else:
                 P, X = self._products(A, SA, j0, j1)
+                if m.exact_group is not None:
+                    P, X = self._runs(P, X)
                 acc = _fused_step(m, self.fa, acc, P, limbs, X=X)
         return acc
 

@@ -191,6 +191,8 @@ class UE5M3Quantizer:
 def qgemm(model, qa: QOperand, qb: QOperand, backend: str = "auto") -> torch.Tensor:
     """C = A B^T from two quantized operands (both [rows, K]); float32 [Ra, Rb]."""
     check_choice("backend", backend, ("auto", "triton", "emulate"))
+    if isinstance(model, str) and model == "blackwell-mxf4nvf4":
+        return _mxf4nvf4(qa, qb)
     if qa.block != qb.block:
         raise ValueError(f"qb.block: {qb.block} differs from qa.block {qa.block}")
     from fp4ref import gemm_triton as GT
@@ -208,6 +210,19 @@ def qgemm(model, qa: QOperand, qb: QOperand, backend: str = "auto") -> torch.Ten
     from fp4ref.gemm import emulate
     return emulate(model, qa.values, qb.values.t(), scales_a=qa.scales, scales_b=qb.scales.t(),
                    block=qa.block, alpha=[qa.alpha, qb.alpha])
+
+
+def _mxf4nvf4(qa: QOperand, qb: QOperand) -> torch.Tensor:
+    """gemm_model="blackwell-mxf4nvf4": fp4ref.scaled_mm's chain of kind::mxf4nvf4
+    instructions on the quantized codes, the operands' per-tensor factors as alpha."""
+    from fp4ref.scaled_gemm import mxf4nvf4_chain
+    sf = {"ue4m3": "ue4m3", "float8_e8m0fnu": "ue8m0"}.get(qa.scale_fmt)
+    if sf is None or qb.scale_fmt != qa.scale_fmt or qa.codes is None or qb.codes is None:
+        raise ValueError(f"gemm_model: 'blackwell-mxf4nvf4' needs e2m1 codes with ue4m3 or "
+                         f"float8_e8m0fnu block scales (kind::mxf4nvf4); the quantizer gives "
+                         f"{qa.scale_fmt!r}, {qb.scale_fmt!r}")
+    return mxf4nvf4_chain(qa.codes, qb.codes.t(), qa.scale_codes, qb.scale_codes.t(),
+                          scale_format=sf, block=qa.block, alpha=[qa.alpha, qb.alpha])
 
 
 class _QLinearFn(torch.autograd.Function):
@@ -244,11 +259,13 @@ class Linear(torch.nn.Linear):
 
     Inputs are flattened to [tokens, in_features]; tokens, in and out features must be
     multiples of 16.  ``model``: a GemmModel or preset name; ``backend``: auto / triton /
-    emulate."""
+    emulate.  ``gemm_model`` (replaces ``model``): an ``fp4ref.scaled_mm`` model name,
+    "blackwell-mxf4nvf4" (the chain of kind::mxf4nvf4 instructions; contraction dims
+    multiples of 64) or "seed-probe-matched" (= model="probe_matched")."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  quantizer: Quantizer | None = None, model="probe_matched", backend: str = "auto",
-                 device=None, dtype=None):
+                 device=None, dtype=None, gemm_model: str | None = None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         if quantizer is not None and not isinstance(quantizer, Quantizer):
             raise ValueError(f"quantizer: {type(quantizer).__name__} does not implement the "
@@ -259,6 +276,10 @@ class Linear(torch.nn.Linear):
         if isinstance(model, str):
             _check_model(model)
         self.backend = check_choice("backend", backend, ("auto", "triton", "emulate"))
+        if gemm_model is not None:
+            from fp4ref.scaled_gemm import MODELS
+            check_choice("gemm_model", gemm_model, MODELS)
+            self.model = "probe_matched" if gemm_model == "seed-probe-matched" else gemm_model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quantizer is None:

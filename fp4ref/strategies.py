@@ -24,7 +24,8 @@ from reference.formats import get_format
 
 __all__ = ["near_ties", "binade_edges", "subnormal_boundary", "overflow_threshold",
            "specials", "interesting_float32", "float32_tensors", "float32_near",
-           "grid_points", "tie_points", "float32_neighbourhood"]
+           "grid_points", "tie_points", "float32_neighbourhood", "HARD_BLOCKS", "hard_block",
+           "hard_block_tensors"]
 
 _F32_MAX_BITS = 0x7F7FFFFF
 
@@ -160,3 +161,59 @@ def float32_neighbourhood(points, ulps: int = 2, signed: bool = True):
         b = torch.cat([b, b | (1 << 31)])
     b = torch.where(b >= 1 << 31, b - (1 << 32), b)
     return b.to(torch.int32).view(torch.float32)
+
+
+# --- hard blocks for block-scaled recipes and GEMMs -------------------------------------------
+BF16_MAX = 3.3895313892515355e38          # 0x7F7F
+BF16_MIN_SUB = 2.0 ** -133                # 0x0001
+HARD_BLOCKS = ("scale_tie", "bf16_subnormal", "bf16_max", "nan_inf", "all_zero", "cancel")
+
+
+def hard_block(kind: str, B: int, k: int, picks: list[int]) -> list[float]:
+    """One block of ``kind`` (values exact in bfloat16, so the same in float32 and bf16):
+    scale_tie: block max 6 * 2**k * (1 + (2i+1)/16), an e4m3 scale midpoint (ties of the
+    scale rounding); bf16_subnormal: multiples of 2**-133 below 2**-126; bf16_max: +-0x7F7F
+    and its neighbours; nan_inf: NaN / +-inf with ordinary values; all_zero: +-0 only;
+    cancel: x and -x pairs (sums cancel exactly).  ``picks``: integers that choose values."""
+    at = lambda i: picks[i % len(picks)]  # noqa: E731
+    if kind == "scale_tie":
+        v = [at(i) % 13 * 2.0 ** (k - 2) * (-1) ** at(i + 1) for i in range(B)]
+        v[at(0) % B] = 6 * 2.0 ** k * (1 + (2 * (at(1) % 8) + 1) / 16)
+        return v
+    if kind == "bf16_subnormal":
+        return [(at(i) % 128) * BF16_MIN_SUB * (-1) ** at(i + 3) for i in range(B)]
+    if kind == "bf16_max":
+        near = (BF16_MAX, BF16_MAX - 2.0 ** 120, BF16_MAX / 2, 2.0 ** 127)   # 0x7F7F, 0x7F7E, ..
+        return [near[at(i) % 4] * (-1) ** at(i + 1) for i in range(B)]
+    if kind == "nan_inf":
+        sp = (math.nan, math.inf, -math.inf, 1.5, -0.5, 0.0)
+        return [sp[at(i) % 6] for i in range(B)]
+    if kind == "all_zero":
+        return [-0.0 if at(i) % 2 else 0.0 for i in range(B)]
+    if kind == "cancel":
+        h = [(at(i) % 7 + 1) * 2.0 ** (k - at(i + 2) % 4) for i in range(B // 2)]
+        return h + [-x for x in reversed(h)] + ([0.0] if B % 2 else [])
+    raise ValueError(f"kind: unknown value {kind!r}; valid choices: {', '.join(HARD_BLOCKS)}")
+
+
+def hard_block_tensors(rows, cols, block: int = 16, kinds=HARD_BLOCKS):
+    """(kinds drawn, float32 [rows, cols] tensor with one hard block kind per block); each
+    kind drawn is recorded as a hypothesis ``event`` (see --hypothesis-show-statistics)."""
+    import torch
+    from hypothesis import event
+
+    @st.composite
+    def strat(draw):
+        R = draw(st.sampled_from(rows)) if isinstance(rows, (list, tuple)) else rows
+        C = draw(st.sampled_from(cols)) if isinstance(cols, (list, tuple)) else cols
+        vals, seen = [], []
+        for _ in range(R):
+            for c0 in range(0, C, block):
+                kind = draw(st.sampled_from(kinds))
+                seen.append(kind)
+                picks = draw(st.lists(st.integers(0, 1 << 16), min_size=1, max_size=8))
+                vals += hard_block(kind, min(block, C - c0), draw(st.integers(-8, 8)), picks)
+        for kind in sorted(set(seen)):
+            event(f"hard block: {kind}")
+        return sorted(set(seen)), torch.tensor(vals, dtype=torch.float32).reshape(R, C)
+    return strat()

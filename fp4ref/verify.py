@@ -10,8 +10,10 @@ available on the device (torch, and Triton on CUDA) is checked.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 
@@ -22,7 +24,8 @@ from reference.rounding import (InfPolicy, Mode, NanPolicy, Negative, NoZero, Ov
 
 from .cast import quantize
 
-__all__ = ["main", "verify_policy", "table_quantize"]
+__all__ = ["main", "verify_policy", "table_quantize", "launch_env", "first_host", "init_group", "shard",
+           "merge_results"]
 
 _TOTAL = 1 << 32
 
@@ -146,13 +149,105 @@ def _write_json(path: str, obj) -> None:
     write_json_atomic(path, obj)
 
 
+# --- ranks: torchrun or srun, one disjoint slice of the inputs each ------------------------------
+DEFAULT_PORT = 29500
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm node list ('gpu[03-05,9],cpu1' -> 'gpu03')."""
+    head, depth = "", 0
+    for c in nodelist:
+        if c == "," and depth == 0:
+            break
+        depth += (c == "[") - (c == "]")
+        head += c
+    if "[" not in head:
+        return head
+    pre, _, rng = head.partition("[")
+    return pre + rng.split(",")[0].split("-")[0].rstrip("]")
+
+
+def _int_var(environ, name: str, minimum: int) -> int:
+    v = environ.get(name, "")
+    try:
+        n = int(v)
+    except ValueError:
+        n = None
+    if n is None or n < minimum:
+        raise ValueError(f"{name}: {v!r} is not an integer >= {minimum} (set by torchrun or srun)")
+    return n
+
+
+def launch_env(environ=None) -> dict:
+    """rank, world_size, local_rank, master_addr, master_port and the launcher that set them.
+    torchrun's variables win; Slurm's (SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID) are mapped
+    onto them, the rendezvous host from MASTER_ADDR, SLURM_LAUNCH_NODE_IPADDR or the first node
+    of SLURM_JOB_NODELIST; with neither launcher, one rank."""
+    environ = os.environ if environ is None else environ
+    if "RANK" in environ or "WORLD_SIZE" in environ:
+        launcher, names = "torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    elif "SLURM_PROCID" in environ:
+        launcher, names = "slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+    else:
+        return {"launcher": "none", "rank": 0, "world_size": 1, "local_rank": 0,
+                "master_addr": None, "master_port": None}
+    rank = _int_var(environ, names[0], 0)
+    world = _int_var(environ, names[1], 1)
+    local = _int_var(environ, names[2], 0) if names[2] in environ else 0
+    if rank >= world:
+        raise ValueError(f"{names[0]}: {rank} is not below {names[1]} = {world}")
+    addr = environ.get("MASTER_ADDR") or environ.get("SLURM_LAUNCH_NODE_IPADDR")
+    if not addr and environ.get("SLURM_JOB_NODELIST"):
+        addr = first_host(environ["SLURM_JOB_NODELIST"])
+    port = _int_var(environ, "MASTER_PORT", 1) if "MASTER_PORT" in environ else DEFAULT_PORT
+    if world > 1 and not addr:
+        raise ValueError("MASTER_ADDR: not set (export MASTER_ADDR=<first node> for srun)")
+    return {"launcher": launcher, "rank": rank, "world_size": world, "local_rank": local,
+            "master_addr": addr, "master_port": port}
+
+
+def init_group(env: dict, timeout_s: float = 1800.0) -> bool:
+    """A gloo process group over env:// when there is more than one rank (gloo: CPU-only
+    nodes work, no NCCL needed); False when running alone."""
+    if env["world_size"] <= 1:
+        return False
+    import torch.distributed as dist
+    os.environ["MASTER_ADDR"] = str(env["master_addr"])
+    os.environ["MASTER_PORT"] = str(env["master_port"])
+    dist.init_process_group("gloo", init_method="env://", rank=env["rank"],
+                            world_size=env["world_size"], timeout=timedelta(seconds=timeout_s))
+    return True
+
+
+def shard(total: int, rank: int, world: int) -> tuple[int, int]:
+    """[lo, hi) of the input indices that ``rank`` checks: contiguous, disjoint, covering."""
+    return total * rank // world, total * (rank + 1) // world
+
+
+def merge_results(parts: list, max_report: int = 10) -> dict:
+    """Per-rank {fmt: {mode: {backend: record}}} summed into one (inputs, mismatches; the
+    slowest rank's seconds; the first ``max_report`` examples in rank order)."""
+    out: dict = {}
+    for part in parts:
+        for fmt, modes in part.items():
+            for mode, bes in modes.items():
+                for be, r in bes.items():
+                    m = out.setdefault(fmt, {}).setdefault(mode, {}).setdefault(
+                        be, {"inputs": 0, "mismatches": 0, "seconds": 0.0, "examples": []})
+                    m["inputs"] += r["inputs"]
+                    m["mismatches"] += r["mismatches"]
+                    m["seconds"] = max(m["seconds"], r["seconds"])
+                    m["examples"] = (m["examples"] + r["examples"])[:max_report]
+    return out
+
+
 def _parse(argv):
     ap = argparse.ArgumentParser(prog="fp4ref verify-exhaustive", description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default=",".join(f.name for f in small_formats()),
                     help="comma-separated formats of <= 8 bits (default: all)")
     ap.add_argument("--modes", default="rne,rtz", help="comma-separated modes (default: rne,rtz)")
-    ap.add_argument("--limit", type=int, default=0,
-                    help="check this many inputs spread over all 2**32 (quick smoke run)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="check this many inputs spread over all 2**32 (quick smoke run; default: all)")
     ap.add_argument("--chunk", type=int, default=0, help="inputs per chunk (default 2**26 CUDA, 2**22 CPU)")
     ap.add_argument("--device", default="auto", help="auto, cpu or cuda")
     ap.add_argument("--backend", default="all", help="all (every one available), torch or triton")
@@ -162,86 +257,139 @@ def _parse(argv):
     return ap.parse_args(argv)
 
 
+def _setup(args) -> dict:
+    """Validated options (ValueError names the bad option, its value and the valid choices)."""
+    if args.limit is not None and args.limit <= 0:
+        raise ValueError(f"--limit: must be a positive number of inputs, got {args.limit} "
+                         "(omit --limit to check all 2**32 inputs)")
+    small = {f.name: f for f in small_formats()}
+    fmts = [small[check_choice("formats", f.strip(), small)] for f in args.formats.split(",") if f.strip()]
+    modes = [parse_mode(m.strip()) for m in args.modes.split(",") if m.strip()]
+    if Mode.SR in modes:
+        raise ValueError("modes: SR needs random bits; valid choices: "
+                         + ", ".join(m.name for m in Mode if m is not Mode.SR))
+    dev = check_choice("device", args.device, ("auto", "cpu", "cuda"))
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    from . import cast_triton
+    avail = ["torch"] + (["triton"] if dev == "cuda" and cast_triton.available() else [])
+    backend = check_choice("backend", args.backend, ("all", "torch", "triton"))
+    backends = avail if backend == "all" else [check_choice("backend", backend, avail)]
+    extra = [int(s, 16) for s in args.extra.split(",") if s.strip()]
+    total = min(args.limit, _TOTAL) if args.limit else _TOTAL
+    return {"fmts": fmts, "modes": modes, "dev": dev, "device": torch.device(dev), "backends": backends,
+            "extra": extra, "total": total, "stride": _TOTAL // total,
+            "chunk": args.chunk or (1 << 26 if dev == "cuda" else 1 << 22)}
+
+
+def _check(cfg, fmt, mode, be, table, pol, lo, hi, extra, max_report) -> dict:
+    """Inputs [lo, hi) of the pattern sequence (plus ``extra`` patterns) for one format, mode
+    and backend: counts and the first mismatches."""
+    device, chunk, stride = cfg["device"], cfg["chunk"], cfg["stride"]
+    cnt, bad, ex, t0 = 0, 0, [], time.time()
+    for k, s in enumerate(range(lo, hi, chunk)):
+        b = _patterns(s, min(chunk, hi - s), stride, device)
+        if k == 0 and extra:
+            b = torch.cat([torch.tensor([e - (1 << 32) if e >= 1 << 31 else e for e in extra],
+                                        dtype=torch.int32, device=device), b])
+        x = b.view(torch.float32)
+        got = quantize(x, fmt, mode, pol, backend=be).to(torch.int64)
+        exp = table_quantize(x, fmt, mode, pol, table)
+        mism = got != exp
+        cnt += x.numel()
+        nb = int(mism.sum())
+        if nb:
+            bad += nb
+            idx = torch.nonzero(mism).flatten()[: max(0, max_report - len(ex))]
+            for i in idx.tolist():
+                e = {"input": _describe_input(int(b[i])), "expected": _fields(fmt, int(exp[i])),
+                     "got": _fields(fmt, int(got[i]))}
+                ex.append(e)
+                print(f"  MISMATCH {fmt.name} {mode.name} [{be}] x={e['input']}: "
+                      f"expected {e['expected']}, got {e['got']}")
+    if cfg["dev"] == "cuda":
+        torch.cuda.synchronize()
+    return {"inputs": cnt, "mismatches": bad, "seconds": round(time.time() - t0, 3), "examples": ex}
+
+
+def run_slice(cfg: dict, lo: int, hi: int, extra=(), max_report: int = 10, quiet: bool = False) -> dict:
+    """{fmt: {mode: {backend: record}}} over inputs [lo, hi) of every format and mode."""
+    results = {}
+    for fmt in cfg["fmts"]:
+        pol = verify_policy(fmt)
+        table = _Table(fmt, cfg["device"])
+        res = results[fmt.name] = {}
+        t_fmt = time.time()
+        for mode in cfg["modes"]:
+            res[mode.name] = {}
+            for be in cfg["backends"]:
+                r = res[mode.name][be] = _check(cfg, fmt, mode, be, table, pol, lo, hi, extra, max_report)
+                if not quiet:
+                    print(f"{fmt.name:<16} {mode.name:<4} [{be:<6}] {r['inputs']} inputs, "
+                          f"{r['mismatches']} mismatches, {r['seconds']:.2f} s")
+        if not quiet:
+            print(f"{fmt.name:<16} total {time.time() - t_fmt:.2f} s  (policy {_pol_str(pol)})")
+    return results
+
+
+def _gather(results: dict, env: dict, grouped: bool) -> list | None:
+    if not grouped:
+        return [results]
+    import torch.distributed as dist
+    got = [None] * env["world_size"] if env["rank"] == 0 else None
+    dist.gather_object(results, got, dst=0)
+    return got
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parse(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # argparse: usage errors
         return int(e.code or 0)
     try:
-        small = {f.name: f for f in small_formats()}
-        fmts = [small[check_choice("formats", f.strip(), small)] for f in args.formats.split(",") if f.strip()]
-        modes = [parse_mode(m.strip()) for m in args.modes.split(",") if m.strip()]
-        if Mode.SR in modes:
-            raise ValueError("modes: SR needs random bits; valid choices: "
-                             + ", ".join(m.name for m in Mode if m is not Mode.SR))
-        dev = check_choice("device", args.device, ("auto", "cpu", "cuda"))
-        if dev == "auto":
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-        device = torch.device(dev)
-        from . import cast_triton
-        avail = ["torch"] + (["triton"] if dev == "cuda" and cast_triton.available() else [])
-        backend = check_choice("backend", args.backend, ("all", "torch", "triton"))
-        backends = avail if backend == "all" else [check_choice("backend", backend, avail)]
-        extra = [int(s, 16) for s in args.extra.split(",") if s.strip()]
+        cfg = _setup(args)
+        env = launch_env()
     except ValueError as e:
         print(f"fp4ref verify-exhaustive: {e}", file=sys.stderr)
         return 2
+    grouped = init_group(env)
+    try:
+        return _run(args, cfg, env, grouped)
+    finally:
+        if grouped:
+            import torch.distributed as dist
+            dist.destroy_process_group()
 
-    total = min(args.limit, _TOTAL) if args.limit > 0 else _TOTAL
-    stride = _TOTAL // total
-    chunk = args.chunk or (1 << 26 if dev == "cuda" else 1 << 22)
-    print(f"verify-exhaustive: {total} float32 inputs per format/mode"
-          f"{' (all)' if total == _TOTAL else f' (stride {stride})'}, device {dev}, "
-          f"backends {','.join(backends)}, modes {','.join(m.name for m in modes)}")
-    results, n_bad, t_all = {}, 0, time.time()
-    for fmt in fmts:
-        pol = verify_policy(fmt)
-        table = _Table(fmt, device)
-        res = results[fmt.name] = {}
-        t_fmt = time.time()
-        for mode in modes:
-            res[mode.name] = {}
-            for be in backends:
-                cnt, bad, ex, t0 = 0, 0, [], time.time()
-                starts = list(range(0, total, chunk))
-                for k, s in enumerate(starts):
-                    b = _patterns(s, min(chunk, total - s), stride, device)
-                    if k == 0 and extra:
-                        b = torch.cat([torch.tensor([e - (1 << 32) if e >= 1 << 31 else e for e in extra],
-                                                    dtype=torch.int32, device=device), b])
-                    x = b.view(torch.float32)
-                    got = quantize(x, fmt, mode, pol, backend=be).to(torch.int64)
-                    exp = table_quantize(x, fmt, mode, pol, table)
-                    mism = got != exp
-                    cnt += x.numel()
-                    nb = int(mism.sum())
-                    if nb:
-                        bad += nb
-                        idx = torch.nonzero(mism).flatten()[: max(0, args.max_report - len(ex))]
-                        for i in idx.tolist():
-                            e = {"input": _describe_input(int(b[i])), "expected": _fields(fmt, int(exp[i])),
-                                 "got": _fields(fmt, int(got[i]))}
-                            ex.append(e)
-                            print(f"  MISMATCH {fmt.name} {mode.name} [{be}] x={e['input']}: "
-                                  f"expected {e['expected']}, got {e['got']}")
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                dt = time.time() - t0
-                n_bad += bad
-                res[mode.name][be] = {"inputs": cnt, "mismatches": bad, "seconds": round(dt, 3),
-                                      "examples": ex}
-                print(f"{fmt.name:<16} {mode.name:<4} [{be:<6}] {cnt} inputs, {bad} mismatches, "
-                      f"{dt:.2f} s")
-        print(f"{fmt.name:<16} total {time.time() - t_fmt:.2f} s  (policy {_pol_str(pol)})")
-    summary = {"ok": n_bad == 0, "mismatches": n_bad, "inputs_per_format_mode": total + len(extra),
-               "exhaustive": total == _TOTAL, "device": dev, "backends": backends,
-               "modes": [m.name for m in modes], "seconds": round(time.time() - t_all, 3),
-               "policies": {f.name: _pol_str(verify_policy(f)) for f in fmts}, "results": results}
-    if args.out:
-        _write_json(args.out, summary)
-    print(f"verify-exhaustive: {'OK' if n_bad == 0 else 'FAILED'}: {n_bad} mismatches, "
-          f"{time.time() - t_all:.1f} s")
-    return 0 if n_bad == 0 else 1
+
+def _run(args, cfg: dict, env: dict, grouped: bool) -> int:
+    total, rank, world = cfg["total"], env["rank"], env["world_size"]
+    lo, hi = shard(total, rank, world)
+    fmts, modes, t_all = cfg["fmts"], cfg["modes"], time.time()
+    spread = " (all)" if total == _TOTAL else f" (stride {cfg['stride']})"
+    print(f"verify-exhaustive: {total} float32 inputs per format/mode{spread}, device {cfg['dev']}, "
+          f"backends {','.join(cfg['backends'])}, modes {','.join(m.name for m in modes)}"
+          + (f"; rank {rank} of {world}: inputs [{lo}, {hi})" if world > 1 else ""))
+    extra = cfg["extra"] if rank == 0 else []  # checked once, by rank 0
+    parts = _gather(run_slice(cfg, lo, hi, extra, args.max_report, quiet=world > 1), env, grouped)
+    code = 0
+    if rank == 0:
+        results = merge_results(parts, args.max_report)
+        n_bad = sum(r["mismatches"] for m in results.values() for bes in m.values() for r in bes.values())
+        summary = {"ok": n_bad == 0, "mismatches": n_bad, "inputs_per_format_mode": total + len(cfg["extra"]),
+                   "exhaustive": total == _TOTAL, "device": cfg["dev"], "backends": cfg["backends"],
+                   "modes": [m.name for m in modes], "seconds": round(time.time() - t_all, 3), "ranks": world,
+                   "policies": {f.name: _pol_str(verify_policy(f)) for f in fmts}, "results": results}
+        if args.out:
+            _write_json(args.out, summary)
+        print(f"verify-exhaustive: {'OK' if n_bad == 0 else 'FAILED'}: {n_bad} mismatches, "
+              f"{time.time() - t_all:.1f} s" + (f" on {world} ranks" if world > 1 else ""))
+        code = 0 if n_bad == 0 else 1
+    if grouped:  # every rank exits with the merged result's code
+        import torch.distributed as dist
+        box = [code]
+        dist.broadcast_object_list(box, src=0)
+        code = int(box[0])
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

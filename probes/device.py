@@ -23,16 +23,63 @@ from typing import Callable
 import numpy as np
 
 from reference.errors import check_choice
-from reference.formats import get_format
+from reference.formats import FORMATS
 
-__all__ = ["Capabilities", "Device", "DeviceError", "Runner", "ALPHA_KINDS", "DEVICE_KINDS"]
+__all__ = ["Capabilities", "Device", "DeviceError", "ProtocolError", "Runner", "ALPHA_KINDS",
+           "DEVICE_KINDS", "OUTPUT_FORMATS", "check_outputs", "check_device_name"]
 
 ALPHA_KINDS = ("none", "tensorwise", "rowwise")
 DEVICE_KINDS = ("virtual", "cpu", "cuda", "blackwell-only")
 
 
+OUTPUT_FORMATS = ("float32", "bfloat16", "float16")  # what the simulator can compare bit for bit
+
+
 class DeviceError(RuntimeError):
     """A device call failed (the backend crashed or refused the operands)."""
+
+
+class ProtocolError(DeviceError):
+    """A device returned something other than what it declared (shape, dtype, or a value that
+    is not exactly a value of its declared output format).  Never repaired: rounding the
+    outputs here and then inferring that rounding would report the tool's own arithmetic."""
+
+
+def check_device_name(name) -> str:
+    """Device names key the report: non-empty, printable, no surrounding blanks."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"device name: must be a non-empty string, got {name!r}")
+    if not name.isprintable() or name != name.strip():
+        raise ValueError(f"device name: {name!r} must be printable without leading/trailing blanks")
+    return name
+
+
+def check_outputs(name: str, out, shape: tuple, fmt: str) -> np.ndarray:
+    """``out`` as float64 if it is a float array of ``shape`` whose every value is exactly a
+    value of ``fmt`` (NaN and infinities included); else ProtocolError naming the first
+    offending output (index, value, declared format)."""
+    from .sim import bits_to_float, output_bits
+    try:
+        raw = np.asarray(out)
+    except Exception as e:
+        raise ProtocolError(f"{name}: protocol error: the output ({type(out).__name__}) is not an array "
+                            f"({type(e).__name__}: {e})") from e
+    if raw.dtype.kind != "f":
+        raise ProtocolError(f"{name}: protocol error: returned dtype {raw.dtype}, expected float64 "
+                            f"values exactly representable in the declared output {fmt}")
+    if raw.shape != tuple(shape):
+        raise ProtocolError(f"{name}: protocol error: returned shape {raw.shape}, expected {tuple(shape)}")
+    x = raw.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # out-of-range values are reported below
+        back = bits_to_float(output_bits(x, fmt), fmt)
+    same = (back.view(np.int64) == x.view(np.int64)) | (np.isnan(x) & np.isnan(back))
+    if not same.all():
+        idx = tuple(int(i) for i in np.argwhere(~same)[0])
+        raise ProtocolError(
+            f"{name}: protocol error: output {list(idx)} = {float(x[idx])!r} is not a {fmt} value "
+            f"(declared output format {fmt}; {int((~same).sum())} of {x.size} outputs are not). "
+            f"Return the values the kernel wrote in {fmt}, or declare the format it writes")
+    return x
 
 
 @dataclass(frozen=True)
@@ -45,17 +92,28 @@ class Capabilities:
     alpha: str = "none"               # none | tensorwise | rowwise (float32 factors)
     k_multiple: int = 1               # K must be a multiple (probes are zero-padded at the end)
     mn_multiple: int = 1              # M and N must be multiples (extra rows/cols are zero)
-    max_k: int = 1 << 16
+    # The longest K probes and validation use.  256 by default: host BLAS libraries (MKL,
+    # oneDNN) cut longer K into panels whose partial sums meet in ways that depend on K itself,
+    # so a wrapped CPU matmul with a larger default fits no model (README's wrap example).
+    # Declare a larger max_k to probe split-K at long K (the CUDA adapters use 16384).
+    max_k: int = 256
     probe_mn: int = 0                 # M = N of probe calls (0: the batch size)
     max_batch: int = 64               # probes per call (diagonal of one GEMM)
     hardware_run: bool = True         # False: emulated / packing exercised only
 
     def __post_init__(self):
-        for f in ("a_format", "b_format", "output"):
-            get_format(getattr(self, f))
-        if self.scale_format is not None:
-            get_format(self.scale_format)
+        for f in ("a_format", "b_format") + (("scale_format",) if self.scale_format is not None else ()):
+            check_choice(f, getattr(self, f), FORMATS)
+        check_choice("output", self.output, OUTPUT_FORMATS)
         check_choice("alpha", self.alpha, ALPHA_KINDS)
+        for f, lo in (("k_multiple", 1), ("mn_multiple", 1), ("max_k", 1), ("probe_mn", 0),
+                      ("max_batch", 1)) + ((("block", 1),) if self.block is not None else ()):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError(f"{f}: must be an integer >= {lo}, got {v!r}")
+        if self.max_k < self.k_step():
+            raise ValueError(f"max_k: {self.max_k} is below the smallest probe length {self.k_step()} "
+                             "(lcm of 16, k_multiple and block)")
         if (self.block is None) != (self.scale_format is None):
             raise ValueError("block, scale_format: block-scaled devices need both, others neither")
 
@@ -86,7 +144,12 @@ class Device:
     calls: int = 0
 
     def __post_init__(self):
+        check_device_name(self.name)
         check_choice("kind", self.kind, DEVICE_KINDS)
+        if not isinstance(self.caps, Capabilities):
+            raise TypeError(f"caps: expected probes.device.Capabilities, got {type(self.caps).__name__}")
+        if not callable(self.fn):
+            raise TypeError(f"fn: the device's GEMM must be callable, got {type(self.fn).__name__}")
 
     @property
     def hardware_run(self) -> bool:
@@ -109,10 +172,7 @@ class Device:
             raise
         except Exception as e:  # a crashing backend is reported, never fatal to the others
             raise DeviceError(f"{self.name}: {type(e).__name__}: {e}") from e
-        out = np.asarray(out, np.float64)
-        if out.shape != (a.shape[0], b.shape[1]):
-            raise DeviceError(f"{self.name}: returned shape {out.shape}, expected {(a.shape[0], b.shape[1])}")
-        return out
+        return check_outputs(self.name, out, (a.shape[0], b.shape[1]), self.caps.output)
 
     @classmethod
     def wrap(cls, name: str, fn: Callable, caps: Capabilities, *, backend: str = "user",

@@ -193,9 +193,15 @@ def short(m: GemmModel) -> str:
     """Compact one-line form: F16 W26:RTZ p23:RTZ G- S1 L- out:RNE."""
     parts = [f"F{m.fma_width}",
              "W-" if m.align_bits is None else
-             f"W{m.align_bits}:{m.align_mode.name}{'' if m.align_ref is AlignRef.VALUE else ':esum'}",
+             f"W{m.align_bits}:{m.align_mode.name}{'' if m.align_ref is not AlignRef.EXPONENT_SUM else ':esum'}",
              f"p{m.acc_frac_bits}:{m.norm_mode.name}"]
     parts.append("G-" if m.group_size is None else f"G{m.group_size}:{m.outer_mode.name}")
+    if m.chain:
+        parts.append("chain")
+    if m.exact_group is not None:
+        parts.append(f"E{m.exact_group}")
+    if m.align_ref is AlignRef.SCALE_EXPONENT_SUM:
+        parts[1] = parts[1].replace(":SCALE_EXPONENT_SUM", "") + ":scale-esum"
     if m.split_k != 1:
         parts.append(f"S{m.split_k}" + (f"/T{m.split_tile}" if m.split_tile else ""))
     if m.lattice is not None:
@@ -293,6 +299,7 @@ class Inference:
             self.K = K
         self.ctx = P.ProbeContext(self.caps, self.K, fixed_k=shape is not None)
         self.asked: list = []           # (Probe, key)
+        self.observed: list = []        # (probes, keys) of each observe() call
         self.broad = 0                  # long stage: 0 equal slices, 1 + uneven, 2 + groups reopened
         self.records: list = []
         self.record_limit = record_limit
@@ -303,7 +310,26 @@ class Inference:
     # -- device -----------------------------------------------------------------------------
     def observe(self, probes: list) -> np.ndarray:
         vals = self.runner.run([p.ops for p in probes])
-        return output_bits(vals, self.fmt)
+        keys = output_bits(vals, self.fmt)
+        self.observed.append((probes, keys))  # each call kept as sent: repeated verbatim later
+        return keys
+
+    def repeats_differ(self, seconds: float) -> str | None:
+        """Send earlier observe() calls again, exactly as sent (the same packing, so a kernel
+        chosen by shape is the same kernel), newest first, for at most ``seconds``.  A device
+        that answers one question two ways is nondeterministic, not a device no model fits:
+        returns a note naming the first such probe, or None."""
+        t_end = time.perf_counter() + seconds
+        for probes, keys in reversed(list(self.observed)):
+            if time.perf_counter() > t_end:
+                break
+            again = output_bits(self.runner.run([p.ops for p in probes]), self.fmt)
+            if not np.array_equal(again, keys):
+                j = int(np.nonzero(again != keys)[0][0])
+                return (f"nondeterministic: probe '{probes[j].name}' gave {_hex(int(keys[j]), self.fmt)} "
+                        f"then {_hex(int(again[j]), self.fmt)} for identical operands (found when "
+                        f"repeating the probes after no candidate fitted)")
+        return None
 
     # -- stages ---------------------------------------------------------------------------------
     def stages(self) -> list:
@@ -342,7 +368,7 @@ class Inference:
         pfs = (None, "float32") if self.wide_products else (None,)
         # block-scaled operands are realized through block scales, which fix neither factor's
         # exponent: only the value reference is identifiable there
-        refs = (AlignRef.VALUE,) if self.caps.block_scaled else tuple(AlignRef)
+        refs = (AlignRef.VALUE,) if self.caps.block_scaled else (AlignRef.VALUE, AlignRef.EXPONENT_SUM)
         for m in S:
             for p in P_GRID:
                 for W in W_GRID(p):
@@ -617,6 +643,10 @@ class Inference:
             if not self.determinism():
                 res.status = "nondeterministic"
                 return self._finish(res, t0)
+            if self.caps.block_scaled and self.shape is None:
+                hit = self._blackwell(res)  # the Blackwell hypotheses first (issue 17)
+                if hit is not None:
+                    return self._finish(hit, t0)
             survivors = [GemmModel("inferred", output=self.caps.output)]
             stages = self.stages()
             i_long = next(i for i, st in enumerate(stages) if st.name == "long")
@@ -650,6 +680,14 @@ class Inference:
             res.status = "fit"
             res.scans = self._scans(res.model)
         except NoFit as e:
+            try:
+                noisy = self.repeats_differ(max(5.0, 0.25 * (time.perf_counter() - t0)))
+            except DeviceError:
+                noisy = None
+            if noisy:
+                res.status = "nondeterministic"
+                self.notes.insert(0, noisy)
+                return self._finish(res, t0)
             res.status = "no_fit"
             self.notes.insert(0, f"no model in the family fits: {e}")
             res.model = self.closest.replace(name="closest") if self.closest is not None else None
@@ -657,6 +695,43 @@ class Inference:
             res.status = "error"
             res.error = str(e)
         return self._finish(res, t0)
+
+    def _blackwell(self, res):
+        """The Blackwell hypothesis family (blackwell_candidates) against the crafted
+        blackwell pool, then alpha and the random checks.  A fit names the hypothesis, its
+        equivalence class and the probe that decided it; otherwise the observations stay
+        and the grid stages run (they may explain a model outside this family)."""
+        stages = [Stage("blackwell", "instruction K/exact group/align_ref/align_bits/modes/lattice/split_k",
+                        lambda S: blackwell_candidates(self.caps),
+                        lambda ctx: P.cached_pool(P.blackwell_pool, ctx)),
+                  # what the crafted pool leaves together, the general pools may still split
+                  Stage("blackwell-confirm", "the same axes, general probes", lambda S: S,
+                        lambda ctx: P.cached_pool(blackwell_confirm_pool, ctx))]
+        if self.caps.alpha != "none":
+            stages.append(Stage("alpha", "alpha_mode",
+                                lambda S: [m.replace(alpha_mode=a) for m in S for a in AlphaMode],
+                                lambda ctx: P.cached_pool(P.alpha_pool, ctx)))
+        n_rec, n_notes = len(self.records), len(self.notes)
+        try:
+            survivors = []
+            for st in stages:
+                survivors = self._stage_checked(st, survivors)
+            n_staged = len(self.records)
+            survivors = self._random_checks(survivors)
+        except NoFit:
+            del self.records[n_rec:], self.notes[n_notes:]
+            self.closest = None
+            self._checks = None
+            self.notes.append("no Blackwell hypothesis fits: the general family searched")
+            return None
+        survivors = sorted(survivors, key=_pref)
+        res.model = survivors[0].replace(name="inferred")
+        res.survivors = survivors
+        res.undetermined = _undetermined(survivors)
+        res.status = "fit"
+        self.notes.append(_blackwell_note(res.model, survivors, self.records[n_rec:], n_staged - n_rec))
+        res.scans = self._scans(res.model)
+        return res
 
     def _finish(self, res, t0):
         res.probes = self.records
@@ -691,6 +766,85 @@ class Inference:
         return [dict(name=f"group-boundary scan (device), n={n}, small=2^-{j} big", x=pos, y=y,
                      description="jumps mark fused-step / group boundaries", **base),
                 dict(name=f"group-boundary scan (inferred model), n={n}", x=pos, y=ym, **base)]
+
+
+# --- Blackwell hypotheses (issue 17, docs/blackwell.md) ------------------------------------------
+BW_INSTR_K = (32, 64)
+BW_EXACT_GROUPS = (None, 16, 32, 64)
+BW_WIDTHS = tuple(range(13, 41))
+BW_SPLITS = (1, 2, 4)
+
+
+def blackwell_candidates(caps) -> list:
+    """The Blackwell family for a block-scaled device: chained instructions of K 32 or 64,
+    exact groups of 16/32/64 (or none), alignment at format exponents or values, fused-add
+    width 13..40, truncation or RNE in the add and per instruction (overflow to Inf), lattice
+    None or 1/1024, split-K 1/2/4; plus the seed's probe_matched and its lattice variant."""
+    from reference.gemm import get_preset
+    ef = (caps.a_format, caps.b_format, caps.scale_format)
+    base = get_preset("blackwell_mxf4nvf4").replace(name="inferred", output=caps.output, exp_formats=ef)
+    out = [get_preset(n).replace(name="inferred", output=caps.output)
+           for n in ("probe_matched", "probe_matched_lattice")]
+    for ik in BW_INSTR_K:
+        for eg in BW_EXACT_GROUPS:
+            if eg is not None and (eg > ik or (eg % caps.block and caps.block % eg)):
+                continue
+            for ar in (AlignRef.SCALE_EXPONENT_SUM, AlignRef.VALUE):
+                for W in BW_WIDTHS:
+                    for am in (Mode.RTZ, Mode.RNE):
+                        for nm in (Mode.RTZ, Mode.RNE):
+                            for L in (None, Fraction(1, 1024)):
+                                for sk in BW_SPLITS:
+                                    out.append(_fast_replace(base, group_size=ik, fma_width=ik, exact_group=eg,
+                                                             align_ref=ar, align_bits=W, align_mode=am,
+                                                             norm_mode=nm, lattice=L, split_k=sk))
+    return out
+
+
+def blackwell_confirm_pool(ctx) -> list:
+    """The general crafted pools (those probes.testing.observationally_equivalent also
+    asks) for the Blackwell stage's last split: widths, inner order, long runs, subnormals."""
+    out = []
+    for fn, args in ((P.lattice_pool, ()), (P.inner_pool, ()), (P.width_pool, (64,)),
+                     (P.width_pool, (256,)), (P.long_pool, ()), (P.subnormal_pool, ())):
+        out += P.cached_pool(fn, ctx, *args)
+    return out
+
+
+def _blackwell_note(model, survivors, records, n_staged) -> str:
+    """'matched the Blackwell hypothesis ...; decided by crafted probe ...': the deciding
+    probe is the last one that cut the candidates (a crafted one, or a random check)."""
+    cut = [(i, r) for i, r in enumerate(records) if r["candidates_before"] > r["candidates_after"]]
+    words = f"matched the Blackwell hypothesis {hypothesis_name(model)!r}"
+    if len(survivors) > 1:
+        words += (f" ({len(survivors)} candidates agree on every probe: equivalence class "
+                  f"{', '.join(short(m) for m in survivors[:4])})")
+    if cut:
+        i, r = cut[-1]
+        words += f"; decided by {'crafted probe' if i < n_staged else 'random check'} '{r['name']}'"
+    return words
+
+
+def hypothesis_name(m: GemmModel) -> str:
+    """The hypothesis a model is, in words (model cards)."""
+    if not m.chain:
+        from reference.gemm import get_preset
+        seed = get_preset("probe_matched")
+        keys = ("product_format", "fma_width", "align_bits", "acc_frac_bits", "norm_mode", "acc_subnormal",
+                "group_size", "outer_mode", "scale_point", "split_k", "exact_group", "align_ref")
+        if any(getattr(m, k) != getattr(seed, k) for k in keys):
+            return "general family"
+        return "seed probe_matched" + (f" with the {m.lattice} lattice" if m.lattice is not None else "")
+    kind = ("mxf4nvf4" if m.exact_group == 16 and m.group_size == 64 else
+            "mxf8f6f4" if m.exact_group is None and m.group_size == 32 else "neighbour")
+    words = (f"Blackwell {kind} chain (instruction K {m.group_size}, exact groups of "
+             f"{m.exact_group or 1}, {m.align_bits} fraction bits {m.align_mode.name}, "
+             f"{m.norm_mode.name} per instruction, aligned by {m.align_ref.name.lower().replace('_', ' ')}")
+    if m.split_k > 1:
+        words += f", split-K {m.split_k}"
+    if m.lattice is not None:
+        words += f", lattice {m.lattice}"
+    return words + ")"
 
 
 def _zero_sign_probe(p) -> bool:

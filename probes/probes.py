@@ -767,3 +767,322 @@ def random_pool(ctx: ProbeContext, n: int, seed: int, kind: str = "mixed", K: in
 # pools whose probes narrow outputs need anchored (the long and alpha pools' probes already
 # differ by whole output ulps; anchoring long probes would cost seconds to realize)
 _ANCHORED = (lattice_pool, inner_pool, width_pool, subnormal_pool)
+
+
+# --- Blackwell hypotheses (issue 17): crafted from the formats' parameters -----------------------
+def _bw_probe(caps, K: int, terms, name: str, desc: str) -> "Probe":
+    """terms: (position, a, b, sa, sb); a block's scales are those of its first term
+    (other blocks: scale 1)."""
+    a = np.zeros(K)
+    b = np.zeros(K)
+    nb = K // caps.block
+    sa = np.ones(nb)
+    sb = np.ones(nb)
+    seen = set()
+    for k, x, y, s, t in terms:
+        a[k], b[k] = float(x), float(y)
+        blk = k // caps.block
+        if blk not in seen:
+            sa[blk], sb[blk] = float(s), float(t)
+            seen.add(blk)
+    return Probe(name, "blackwell", desc, Operands(a, b, sa, sb, caps.block, None), "blackwell")
+
+
+def blackwell_pool(ctx: ProbeContext, K: int = 256) -> list:
+    """Cancellation of the largest products past a tiny one, and big + small terms at every
+    gap 2^-10 .. 2^-45 (odd significands, both signs) inside one exact group, across groups
+    of one instruction and across instructions: they tell instruction K, exact group size,
+    alignment reference, fused-add width, truncation vs rounding and per-instruction
+    rounding apart (docs/blackwell.md tabulates the predictions); then the families that
+    keep a big term, pair small terms, aim at FP32 ties and carries, and put an instruction's
+    result among the FP32 subnormals (_bw_keep, _bw_pair, _bw_tie, _bw_carry, _bw_subnormal)."""
+    caps = ctx.caps
+    fa, fb, fs = ctx.fa, ctx.fb, get_format(caps.scale_format)
+    B = caps.block
+    amax, bmax, smax = fa.max_finite, fb.max_finite, fs.max_finite
+    amin = fa.min_subnormal if fa.subnormals else fa.min_normal
+    bmin = fb.min_subnormal if fb.subnormals else fb.min_normal
+    smins = [fs.min_normal] + ([fs.min_subnormal] if fs.subnormals else [])
+    out = []
+    for smin in smins:
+        for pos in sorted({2 * B, 3 * B, 64, 64 + B, K - B}):
+            out.append(_bw_probe(caps, K, [(0, amax, bmax, smax, smax), (B, -amax, bmax, smax, smax),
+                                           (pos, amin, bmin, smin, smin)], f"bw cancel {_fr(smin)}@{pos}",
+                                 f"+{_fr(amax * bmax * smax * smax)}, its negation, then a tiny product "
+                                 f"with scales {_fr(smin)} at k={pos}"))
+    odd = [v for v in _positive_values(caps.a_format) if v.numerator % 3 == 0] or [fa.min_normal]
+    x = odd[0]  # a significand 1.5: 3 * 2^k exposes round-to-nearest
+    s_exps = sorted({floor_log2(v) for v in _positive_values(caps.scale_format) if v == pow2(floor_log2(v))})
+    top = min(s_exps[-1], 8)
+    S = pow2(top)
+    for gap in range(10, 46):
+        e_small = 2 * top - gap  # +-big cancel exactly; what is left of 1.5 * 2^e_small?
+        e1 = max(s_exps[0], e_small - top)
+        e2 = e_small - e1
+        if e2 not in s_exps:
+            continue
+        for (ea, eb) in ((1, 1), (amax, bmax)):
+            # (-big, small) positions: same or other exact group / instruction / split-K slice,
+            # the small term before or after the cancelling one
+            for p1, p2 in ((16, 32), (16, 48), (32, 48), (64, 80), (64, 96), (64, 128), (64, 16),
+                           (64, 32), (128, 16), (128, 64), (144, 128), (192, 160)):
+                if max(p1, p2) >= K or p2 // B in (0, p1 // B):
+                    continue
+                for sgn in (1, -1):
+                    out.append(_bw_probe(caps, K, [(0, ea, eb, S, S), (p1, -ea, eb, S, S),
+                                                   (p2, sgn * x, 1, pow2(e1), pow2(e2))],
+                                         f"bw gap {gap} {_fr(ea * eb)}@0,{p1} {'+-'[sgn < 0]}@{p2}",
+                                         f"+-{_fr(ea * eb)}*2^{2 * top} at k=0,{p1} cancel; "
+                                         f"{'-' if sgn < 0 else ''}{_fr(x)}*2^{e_small} at k={p2}"))
+    kept = _keep(_bw_keep(caps, K) + _bw_wide(caps, K) + _bw_tie(caps, K) + _bw_round(caps, K)
+                 + _bw_carry(caps, K))
+    return _keep(out + kept + [t for p in kept for t in _bw_tails(caps, K, p)] + _bw_pair(caps, K)
+                 + _bw_subnormal(caps, K))
+
+
+def _bw_tails(caps, K, p) -> list:
+    """The probe moved (blocks and scales with it) so that its last term sits in the last
+    instruction of K 64, or of K 32: with a width below 23 bits every later instruction
+    re-aligns C and could hide how the decisive instruction rounded."""
+    o = p.ops
+    last = int(np.nonzero(o.a * o.b)[0].max())
+    out, seen = [], set()
+    for step in (64, 32):
+        s = (K - step) - step * (last // step)
+        if s <= 0 or s % o.block or s in seen:
+            continue
+        seen.add(s)
+        ops = Operands(np.roll(o.a, s), np.roll(o.b, s), np.roll(o.scales_a, s // o.block),
+                       np.roll(o.scales_b, s // o.block), o.block, o.alpha)
+        out.append(Probe(f"{p.name} >>{s}", p.parameter, f"{p.description}; all moved {s} later", ops, p.pattern))
+    return out
+
+
+class _BwValues:
+    """Target products -> (a, b, scale_a, scale_b) from the formats' own values: the
+    element pair and two power-of-two scales whose product is the target (None if the
+    formats cannot make it)."""
+
+    def __init__(self, caps):
+        self.by_product = _pair_products(caps.a_format, caps.b_format)
+        self.pairs = sorted(self.by_product.items())
+        self.s_exps = sorted({floor_log2(v) for v in _positive_values(caps.scale_format)
+                              if v == pow2(floor_log2(v))})
+        self.top = min(self.s_exps[-1], 8)  # big terms at scale 2^top: FP32 ulps >= 1/1024 there
+
+    def make_in(self, k: int, v: Fraction, sa: Fraction, sb: Fraction):
+        """v with the given block scales (the elements carry the rest), or None."""
+        sgn = -1 if v < 0 else 1
+        xy = self.by_product.get(abs(Fraction(v)) / (sa * sb))
+        return None if xy is None else (k, sgn * xy[0], xy[1], sa, sb)
+
+    def make(self, k: int, v: Fraction, big: bool = False):
+        """``big``: the largest element product that works (room below it in the block)."""
+        s = -1 if v < 0 else 1
+        v = abs(Fraction(v))
+        for prod, (x, y) in (reversed(self.pairs) if big else self.pairs):
+            r = v / prod
+            e = floor_log2(r)
+            if r != pow2(e):
+                continue
+            e1 = min(max(e - self.s_exps[-1], e // 2), self.s_exps[-1])  # as balanced as the range allows
+            if e1 in self.s_exps and e - e1 in self.s_exps:
+                return (k, s * x, y, pow2(e1), pow2(e - e1))
+        return None
+
+
+def _bw_terms(caps, K, vals: _BwValues, placed, name, desc):
+    """A probe from (k, value) pairs, or None when a value cannot be made or two terms
+    of different scales would share a block (a block has one scale pair)."""
+    terms = [vals.make(k, v) for k, v in placed]
+    if None in terms or any(k >= K for k, _ in placed):
+        return None
+    scales = {}
+    for k, _, _, sa, sb in terms:
+        if scales.setdefault(k // caps.block, (sa, sb)) != (sa, sb):
+            return None
+    return _bw_probe(caps, K, terms, name, desc)
+
+
+def _bw_positions(caps, K):
+    """Where a second term goes relative to a term at k=0: the next block (same exact run or
+    instruction for some candidates), the next instructions of K 32 / 64, the split-K slices."""
+    B = caps.block
+    return sorted({p for p in (B, 2 * B, 48, 64, 96, 128, 192) if p < K and p % B == 0})
+
+
+def _bw_keep(caps, K) -> list:
+    """A big term 1.5*2^E that stays, plus 1.5*2^(E-gap) after it, gap 1..45: the small
+    term's last bits meet the fused-add width, its rounding and the per-instruction
+    rounding to FP32 (0.75 ulp at gap 24); E is high enough that an FP32 ulp of the result
+    survives a 1/1024 lattice."""
+    vals = _BwValues(caps)
+    E = 2 * vals.top
+    out = []
+    for gap in range(1, 46):
+        for p in _bw_positions(caps, K):
+            for sgn in (1, -1):
+                small = sgn * Fraction(3, 2) * pow2(E - gap)
+                out.append(_bw_terms(caps, K, vals, [(0, Fraction(3, 2) * pow2(E)), (p, small)],
+                                     f"bw keep gap {gap} {'+-'[sgn < 0]}@{p}",
+                                     f"1.5*2^{E} at k=0 stays; {_fr(small)} at k={p}"))
+    return out
+
+
+def _bw_wide(caps, K) -> list:
+    """n copies of the largest element product in block 0 (an exact run's value then sits
+    up to log2(n * amax * bmax) binades above its scales' exponent sum, the alignment point
+    under scale-exponent alignment), plus 1.5*2^(E-gap) later: a run sum wider than the
+    fused-add width, so the per-instruction rounding cuts bits the width kept."""
+    vals = _BwValues(caps)
+    fa, fb = get_format(caps.a_format), get_format(caps.b_format)
+    S = pow2(vals.top)
+    E = 2 * vals.top
+    pos = [p for p in _bw_positions(caps, K) if p in (caps.block, 2 * caps.block, 64, 128)]
+    out = []
+    for n in sorted({1, 3, caps.block}):
+        head = [(i, fa.max_finite, fb.max_finite, S, S) for i in range(n)]
+        for gap in range(1, 46):
+            for p in pos:
+                for sgn in (1, -1):
+                    small = vals.make(p, sgn * Fraction(3, 2) * pow2(E - gap))
+                    if small is None:
+                        continue
+                    out.append(_bw_probe(caps, K, head + [small], f"bw wide n={n} gap {gap} {'+-'[sgn < 0]}@{p}",
+                                         f"{n} x {_fr(fa.max_finite * fb.max_finite * S * S)} in block 0; "
+                                         f"{_fr(sgn * Fraction(3, 2) * pow2(E - gap))} at k={p}"))
+    return out
+
+
+def _bw_pair(caps, K) -> list:
+    """A big term (kept, or cancelled by its negation in the same block) fixes the alignment
+    step q; two equal small terms 1.5*2^(E-gap) in two later blocks: an exact group holding
+    both rounds 3 of their units at q once, separate addends round each 1.5 (exact group
+    size under scale-exponent alignment, where both ways share q)."""
+    vals = _BwValues(caps)
+    E = 2 * vals.top
+    pos = _bw_positions(caps, K)
+    out = []
+    for gap in range(8, 46):
+        for cancel in (False, True):
+            # the cancelling pair shares block 0: every later block is free for the small terms
+            head = [(0, Fraction(3, 2) * pow2(E))] + ([(1, -Fraction(3, 2) * pow2(E))] if cancel else [])
+            for p1, p2 in ((a, b) for a in pos for b in pos if a < b and b - a <= 64):
+                for sgn in (1, -1):
+                    small = sgn * Fraction(3, 2) * pow2(E - gap)
+                    out.append(_bw_terms(caps, K, vals, head + [(p1, small), (p2, small)],
+                                         f"bw pair gap {gap} {'cancel ' if cancel else ''}{'+-'[sgn < 0]}@{p1},{p2}",
+                                         f"1.5*2^{E} at k=0{' and its negation' if cancel else ''}; "
+                                         f"{_fr(small)} at k={p1} and k={p2}"))
+    return out
+
+
+def _bw_tie(caps, K) -> list:
+    """C = 1.5*2^E (+ its last FP32 bit, so that a tie rounds up under RNE), then half an
+    FP32 ulp of C plus a tiny term 2^-j below it, in the half-ulp's block or another: a
+    fused add that keeps the tiny term's bits rounds off the tie, one that cuts them rounds
+    the tie to even (the fused-add width seen through round-to-nearest per instruction)."""
+    vals = _BwValues(caps)
+    E = 2 * vals.top
+    m = get_format("float32").man_bits
+    pos = _bw_positions(caps, K)
+    out = []
+    for odd in (False, True):
+        head = [(0, Fraction(3, 2) * pow2(E))] + ([(pos[0], pow2(E - m))] if odd else [])
+        if _bw_terms(caps, K, vals, head, "", "") is None:
+            continue
+        for ph in pos[odd:]:
+            h = vals.make(ph, pow2(E - m - 1), big=True)
+            if h is None:
+                continue
+            for j in range(1, 24):
+                for sgn in (1, -1):
+                    tv = sgn * pow2(E - m - 1 - j)
+                    for pt in (ph + 1,) + tuple(p for p in pos if p > ph):
+                        t = vals.make_in(pt, tv, h[3], h[4]) if pt == ph + 1 else vals.make(pt, tv)
+                        if t is None or (pt != ph + 1 and pt // caps.block == ph // caps.block):
+                            continue
+                        terms = [vals.make(k, v) for k, v in head] + [h, t]
+                        out.append(_bw_probe(caps, K, terms, f"bw tie j={j} {'odd ' if odd else ''}"
+                                             f"{'+-'[sgn < 0]}@{ph},{pt}",
+                                             f"C=1.5*2^{E}{' + 2^' + str(E - m) if odd else ''}; half an ulp "
+                                             f"2^{E - m - 1} at k={ph}, {_fr(tv)} at k={pt}"))
+    return out
+
+
+def _bw_round(caps, K) -> list:
+    """C = 1.5*2^E (last FP32 bit even or odd), then m/32 of C's FP32 ulp (m = 1..31) as one
+    exact run in a later block, a product per binary digit: a fused add that keeps 24..28
+    bits rounds m/32 once, a narrower one first to a coarser step and then again to FP32
+    (double rounding: the width seen through RNE per instruction)."""
+    vals = _BwValues(caps)
+    E = 2 * vals.top
+    ulp = pow2(E - get_format("float32").man_bits)
+    pos = [p for p in _bw_positions(caps, K) if p in (caps.block, 64, 128)]
+    out = []
+    for odd in (False, True):
+        head = [(0, Fraction(3, 2) * pow2(E))] + ([(pos[-1] + caps.block, ulp)] if odd else [])
+        if _bw_terms(caps, K, vals, head, "", "") is None:
+            continue
+        for ph in pos:
+            top = vals.make(ph, ulp / 2, big=True)
+            if top is None:
+                continue
+            for m in range(1, 32):
+                for sgn in (1, -1):
+                    digits = [sgn * ulp * pow2(i - 5) for i in range(5) if m >> i & 1]
+                    run = [vals.make_in(ph + i, d, top[3], top[4]) for i, d in enumerate(digits)]
+                    if None in run:
+                        continue
+                    out.append(_bw_probe(caps, K, [vals.make(k, v) for k, v in head] + run,
+                                         f"bw round m={m}/32 {'odd ' if odd else ''}{'+-'[sgn < 0]}@{ph}",
+                                         f"C=1.5*2^{E}{' + 1 ulp' if odd else ''}; {'-' if sgn < 0 else ''}"
+                                         f"{m}/32 ulp as one run at k={ph}"))
+    return out
+
+
+def _bw_carry(caps, K) -> list:
+    """1.5*2^E at k=0, a small 1.5*2^(E-g) later, then n more 1.5*2^E in one block: the sum
+    carries one or two binades past the largest addend, so with a fused-add width of at
+    most 23 bits the per-instruction rounding to FP32 still cuts a set bit (a tie or more)."""
+    vals = _BwValues(caps)
+    E = 2 * vals.top
+    pos = _bw_positions(caps, K)
+    out = []
+    for g in range(18, 27):
+        for n in (1, 2, 3):
+            for ps, pb in ((a, b) for a in pos for b in pos if a < b):
+                for sgn in (1, -1):
+                    big = [(pb + i, sgn * Fraction(3, 2) * pow2(E)) for i in range(n)]
+                    placed = [(0, sgn * Fraction(3, 2) * pow2(E)), (ps, sgn * Fraction(3, 2) * pow2(E - g))] + big
+                    out.append(_bw_terms(caps, K, vals, placed, f"bw carry g={g} n={n} @{ps},{pb} {'+-'[sgn < 0]}",
+                                         f"{'-' if sgn < 0 else ''}1.5*2^{E} at k=0, 1.5*2^{E - g} at k={ps}, "
+                                         f"{n} x 1.5*2^{E} from k={pb}"))
+    return out
+
+
+def _bw_subnormal(caps, K) -> list:
+    """Products whose instruction result is an FP32 subnormal and inexact (scales near the
+    scale format's smallest): alone, after a cancelling pair of normal terms, and split
+    over two instructions.  Only for scale formats that reach that far (ue8m0)."""
+    vals = _BwValues(caps)
+    emin32 = get_format("float32").emin
+    mant32 = get_format("float32").man_bits
+    out = []
+    big = pow2(emin32 + 2)
+    for d in range(mant32 - 3, mant32 + 6):  # c * 2^(emin-d): the last FP32 subnormal bits
+        for c in (Fraction(3, 2), Fraction(9, 4)):
+            t = c * pow2(emin32 - d)
+            for sgn in (1, -1):
+                st = sgn * t
+                tag = f"d={d} c={c} {'+-'[sgn < 0]}"
+                for p in (0,) + tuple(_bw_positions(caps, K)):
+                    out.append(_bw_terms(caps, K, vals, [(p, st)], f"bw subnormal {tag} @{p}",
+                                         f"one product {_fr(st)} at k={p}: an inexact FP32 subnormal"))
+                for p in _bw_positions(caps, K)[1:]:
+                    out.append(_bw_terms(caps, K, vals, [(0, big), (caps.block, -big), (p, st)],
+                                         f"bw subnormal-cancel {tag} @{p}",
+                                         f"+-{_fr(big)} cancel at k=0,{caps.block}; {_fr(st)} at k={p}"))
+                    out.append(_bw_terms(caps, K, vals, [(0, st), (p, st)], f"bw subnormal-twice {tag} @0,{p}",
+                                         f"{_fr(st)} at k=0 and at k={p}: each instruction rounds it"))
+    return out

@@ -166,7 +166,8 @@ def _to_f64(sp, neg, mag, q):
 
 
 # --- fused step -----------------------------------------------------------------------------
-def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False, pe=None, ref=None):
+def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False, pe=None, ref=None,
+                sesum=None, ovf=None):
     """acc: (sp, neg, mag, q) [R]; prods: same, [R, f]; per-row params [R].
 
     pe [R, f]: the products' exponent sums, used for alignment on rows where ``ref``
@@ -201,6 +202,10 @@ def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False, 
         Ea = E.copy()
         Ea[:, 1:] = np.where(ref[:, None] & (mag[:, 1:] > 0), pe, E[:, 1:])
         emax_al = Ea.max(axis=1)
+    if sesum is not None and sesum.any():
+        # SCALE_EXPONENT_SUM rows: every term counts (zeros too), the accumulator at >= -126
+        Es = np.concatenate([np.maximum(E[:, :1], -126), pe], axis=1)
+        emax_al = np.where(sesum, Es.max(axis=1), emax_al)
     smag = np.where(neg, -mag, mag)
 
     aligned = W >= 0
@@ -238,6 +243,10 @@ def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False, 
     S = np.where(live, S, 0)
     rneg = S < 0
     r_sp, r_neg, r_mag, r_q = _round_float(rneg, np.abs(S), qs, accfmt, nm, flush)
+    if ovf is not None and ovf.any():  # overflow_inf: |sum| >= 2^128 is +-Inf
+        big = ovf & (S != 0) & (qs + _bitlen(np.abs(S)) - 1 >= 128)
+        r_sp = np.where(big, _INF, r_sp).astype(np.int8)
+        r_mag = np.where(big, 0, r_mag)
 
     # validity of the proxy: no rounding boundary inside (H, H + nterms)
     bad = np.zeros(R, bool)
@@ -524,11 +533,15 @@ def simulate(models: Sequence[rg.GemmModel], probes: Sequence[Operands]) -> np.n
     out = np.full(R, ERR_KEY, _I64)
     keys: dict = {}
     slow = []
+    mma_rows: list = []
     for r, (m, op) in enumerate(zip(models, probes)):
         K = op.K
         grp = op.scales_a is not None and m.scale_point is rg.ScalePoint.GROUP
         if _rejects(m, K, op.block, grp):
             continue  # the reference rejects it
+        if _is_mma(m):
+            mma_rows.append(r)
+            continue
         if not _supported(m, op):
             slow.append(r)
             continue
@@ -549,6 +562,8 @@ def simulate(models: Sequence[rg.GemmModel], probes: Sequence[Operands]) -> np.n
         out[done] = _post(c[done], [models[r] for r in done], [probes[r].alpha for r in done])
     for r in slow:
         out[r] = reference_key(models[r], probes[r])
+    if mma_rows:
+        _simulate_mma(models, probes, out, mma_rows)
     return out
 
 
@@ -782,6 +797,14 @@ def simulate_gemm(model: rg.GemmModel, A: np.ndarray, B: np.ndarray, *, scales_a
     if _rejects(model, K, block, grp):
         out[:] = ERR_KEY
         return out
+    if _is_mma(model):  # one row per output element, vectorized over all of them
+        ops = [Operands(A[i], B[:, j], None if scales_a is None else np.asarray(scales_a)[i],
+                        None if scales_b is None else np.asarray(scales_b)[:, j], block,
+                        None if alpha is None else _alpha_ij(alpha, i, j))
+               for i in range(M) for j in range(N)]
+        flat = out.reshape(-1)
+        _simulate_mma([model] * len(ops), ops, flat, list(range(len(ops))))
+        return out
     if not _supported(model, None):
         for i in range(M):
             for j in range(N):
@@ -851,3 +874,127 @@ def _alpha_ij(alpha, i, j):
     fa = float(sa) if np.ndim(sa) == 0 else float(np.asarray(sa).reshape(-1)[i])
     fb = float(sb) if np.ndim(sb) == 0 else float(np.asarray(sb).reshape(-1)[j])
     return (fa, fb)
+
+
+# --- Blackwell MMA family (chain / exact_group / SCALE_EXPONENT_SUM; issue 17) ---------------
+def _is_mma(m: rg.GemmModel) -> bool:
+    return m.chain or m.exact_group is not None or m.align_ref is rg.AlignRef.SCALE_EXPONENT_SUM
+
+
+def _mma_key(m: rg.GemmModel, op: Operands):
+    """Rows with one key share one schedule (per-row: widths and rounding modes)."""
+    scaled = op.scales_a is not None
+    return (op.K, op.block if scaled else None, m.group_size, m.fma_width, m.exact_group,
+            m.split_k, m.split_tile, m.chain, m.align_ref, m.exp_formats, m.align_bits is None)
+
+
+def _fexp(x: np.ndarray, fmt: str) -> np.ndarray:
+    """floor(log2|x|), or the format's minimum normal exponent for subnormals and zeros."""
+    spec = get_format(fmt)
+    ax = np.where(np.isfinite(x), np.abs(x), 0.0)
+    e = np.frexp(ax)[1].astype(_I64) - 1
+    return np.where(ax >= float(spec.min_normal), e, spec.emin).astype(_I64)
+
+
+def _mma_terms(model: rg.GemmModel, ops: list):
+    """Addends [R, n] (float64, exact) and their exponents [R, n] (None: by value), and a
+    mask of rows whose exact runs are not exact in float64 (redone by the reference)."""
+    A = np.stack([np.asarray(o.a, np.float64) for o in ops])
+    B = np.stack([np.asarray(o.b, np.float64) for o in ops])
+    scaled = ops[0].scales_a is not None
+    P = A * B
+    if scaled:
+        blk = ops[0].block
+        SA = np.repeat(np.stack([np.asarray(o.scales_a, np.float64) for o in ops]), blk, axis=1)
+        SB = np.repeat(np.stack([np.asarray(o.scales_b, np.float64) for o in ops]), blk, axis=1)
+        with np.errstate(invalid="ignore"):
+            P = P * (SA * SB)
+    PE = None
+    if model.align_ref is rg.AlignRef.SCALE_EXPONENT_SUM and model.align_bits is not None:
+        fa, fb, fs = model.exp_formats or ("float32",) * 3
+        PE = np.zeros(P.shape, _I64)
+        if not (model.exact_group and scaled):
+            PE = _fexp(A, fa) + _fexp(B, fb)
+        if scaled:
+            PE = PE + _fexp(SA, fs) + _fexp(SB, fs)
+    inexact = np.zeros(len(ops), bool)
+    E = model.exact_group
+    if E is not None and E > 1:
+        R, K = P.shape
+        Pr = P.reshape(R, K // E, E)
+        acc = Pr[:, :, 0].copy()
+        with np.errstate(invalid="ignore"):
+            for i in range(1, E):  # TwoSum: a nonzero error term means the float sum is inexact
+                x = Pr[:, :, i]
+                s_ = acc + x
+                bb = s_ - acc
+                err = (acc - (s_ - bb)) + (x - bb)
+                inexact |= (np.isfinite(s_) & (err != 0)).any(axis=1)
+                acc = s_
+        P = acc
+        if PE is not None:
+            PE = PE.reshape(R, K // E, E).max(axis=2)
+    return P, PE, inexact
+
+
+def _run_mma(models: list, ops: list) -> tuple[np.ndarray, np.ndarray]:
+    """Accumulated values (float64, before lattice/alpha/output) of rows of one _mma_key,
+    and a mask of rows to redo with the reference."""
+    m0 = models[0]
+    R, K = len(models), ops[0].K
+    E = m0.exact_group or 1
+    F, G, S = _schedule(m0, K)
+    if F % E or G % F or any(lo % G for lo, _ in rg.split_bounds(m0, K)) or (
+            ops[0].scales_a is not None and E > 1 and E % ops[0].block and ops[0].block % E):
+        return np.zeros(R), np.ones(R, bool)
+    T, TE, slow = _mma_terms(m0, ops)
+    tsp, tneg, tmag, tq = _split(T)
+    W = np.array([m.align_bits if m.align_bits is not None else -1 for m in models], _I64)
+    am = np.array([MODE_CODE[m.align_mode] for m in models], _I64)
+    nm = np.array([MODE_CODE[m.norm_mode] for m in models], _I64)
+    om = np.array([MODE_CODE[m.outer_mode] for m in models], _I64)
+    accfmt = _Fmt(np.array([m.acc_frac_bits for m in models], _I64), -126, 127)
+    flush = np.array([m.acc_subnormal is Subnormal.FLUSH for m in models])
+    ovf = np.array([m.overflow_inf for m in models])
+    sesum = np.ones(R, bool) if TE is not None else None
+    rne = np.zeros(R, _I64)
+
+    def fallback(r, parts):  # rare deep cancellation in an exact (align_bits None) step
+        sp, neg, mag, q = parts
+        acc = _exact_of(sp[0], neg[0], mag[0], q[0])
+        return _parts_of(rg.fused_step(models[r], acc, [_exact_of(sp[i], neg[i], mag[i], q[i])
+                                                         for i in range(1, len(mag))]))
+
+    zero = lambda: (np.zeros(R, np.int8), np.zeros(R, bool), np.zeros(R, _I64), np.zeros(R, _I64))
+    total = None
+    for lo, hi in rg.split_bounds(m0, K):
+        outer = None
+        for g0 in range(lo, hi, G):
+            acc = outer if (m0.chain and outer is not None) else zero()
+            for j in range(g0, min(g0 + G, hi), F):
+                c0, c1 = j // E, min(j + F, hi) // E
+                acc = _fused_step(acc, (tsp[:, c0:c1], tneg[:, c0:c1], tmag[:, c0:c1], tq[:, c0:c1]),
+                                  W, am, accfmt, nm, flush, fallback,
+                                  pe=None if TE is None else TE[:, c0:c1], sesum=sesum, ovf=ovf)
+            if outer is None or m0.chain:
+                outer = _round_only(acc, _FP32, om)
+            else:
+                outer = _add_round(outer, acc, _FP32, om, om)
+        total = outer if total is None else _add_round(total, outer, _FP32, rne, rne)
+    return _to_f64(*total), slow
+
+
+def _simulate_mma(models: list, probes: list, out: np.ndarray, rows: list) -> None:
+    """Fill out[rows] for Blackwell-family rows, vectorized per schedule key."""
+    keys: dict = {}
+    for r in rows:
+        keys.setdefault(_mma_key(models[r], probes[r]), []).append(r)
+    for rs in keys.values():
+        c, slow = _run_mma([models[r] for r in rs], [probes[r] for r in rs])
+        fast = [r for r, sl in zip(rs, slow) if not sl]
+        if fast:
+            cf = np.array([x for x, sl in zip(c, slow) if not sl])
+            out[fast] = _post(cf, [models[r] for r in fast], [probes[r].alpha for r in fast])
+        for r, sl in zip(rs, slow):
+            if sl:
+                out[r] = reference_key(models[r], probes[r])

@@ -103,6 +103,7 @@ class ValidationResult:
     per_shape: list = field(default_factory=list)   # {"shape", "outputs", "matches", "split_k"}
     nondeterministic: bool = False
     notes: list = field(default_factory=list)
+    errors: list = field(default_factory=list)      # {"shape", "error"}: batches that raised
     wall_s: float = 0.0
 
 
@@ -162,23 +163,30 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
             break
         try:
             a, b, sa, sb, alpha, got = random_batch(device, M, N, K, rng, kind)
-            if repeat_check and n == 0:
-                again = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
-                if not np.array_equal(got, again):
-                    res.nondeterministic = True
-                    res.notes.append(f"outputs differ between two identical calls at shape {(M, N, K)}")
-        except DeviceError as e:
+            here = shape_models.get((M, N, K), model)
+            exp = simulate_gemm(here, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+            # the first batch, and every batch the model misses, is sent twice: intermittent
+            # noise shows as two answers to one question, not as a model that does not fit
+            if repeat_check and (n == 0 or not np.array_equal(exp, got)):
+                _repeat(device, (a, b, sa, sb, alpha), got, (M, N, K), res)
+                if res.nondeterministic:  # decided: no model can fit answers that vary
+                    break
+        except DeviceError as e:  # reported in the record (errors), never silently dropped
             res.notes.append(f"shape {(M, N, K)}: device error: {e}")
+            res.errors.append({"shape": [M, N, K], "error": str(e)})
             continue
-        here = shape_models.get((M, N, K), model)
-        exp = simulate_gemm(here, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
         used = here
         if not np.array_equal(exp, got) and here is model and (M, N, K) not in no_split_search:
             m_fit = _try_splits(model, a, b, sa, sb, caps, alpha, got)
             if m_fit is not None:
                 # confirm the per-shape schedule on fresh operands; count only the fresh batch
                 a, b, sa, sb = random_operands(caps, M, N, K, rng, kind)
-                got = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+                try:
+                    got = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), caps.output)
+                except DeviceError as e:
+                    res.notes.append(f"shape {(M, N, K)}: device error: {e}")
+                    res.errors.append({"shape": [M, N, K], "error": str(e)})
+                    continue
                 exp = simulate_gemm(m_fit, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
                 used = m_fit
         bad = rec.add((M, N, K), _codes(exp, caps.output), _codes(got, caps.output))
@@ -189,8 +197,20 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
         if progress:
             progress(done, outputs)
     res.record = rec.to_dict() if rec.outputs else None
+    if res.record is not None and res.errors:
+        res.record["errors"] = list(res.errors)
     res.wall_s = time.perf_counter() - t0
     return res
+
+
+def _repeat(device, ops, got, shape, res) -> None:
+    a, b, sa, sb, alpha = ops
+    again = _keys(device(a, b, scales_a=sa, scales_b=sb, alpha=alpha), device.caps.output)
+    if not np.array_equal(got, again):
+        res.nondeterministic = True
+        n = int((got != again).sum())
+        res.notes.append(f"nondeterministic: {n} of {got.size} outputs differ between two identical "
+                         f"calls at shape {shape}")
 
 
 def _random_alpha(caps, M, N, rng):

@@ -30,6 +30,19 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
    than the value's exponent when that product is >= 2; Hopper tensor cores).  The sum is then normalized once:
    rounded with ``norm_mode`` to a float with ``acc_frac_bits`` fraction bits and
    FP32's exponent range (IEEE overflow, subnormals per ``acc_subnormal``).
+   Blackwell MMA family (issue 17; docs/blackwell.md): ``exact_group`` E sums each run
+   of E products of a fused step exactly first, so the step's addends are C and the
+   E-sums (an exact zero sum is -0 only when every product is -0); ``align_ref``
+   SCALE_EXPONENT_SUM takes every addend's exponent from the operand formats
+   (``exp_formats``): a subnormal or zero factor enters with its format's minimum normal
+   exponent, zero addends count, a product's exponent is the sum of its factors'
+   (elements and block scales), an E-sum's the sum of its scales' (the largest over the
+   blocks it spans), and the accumulator's is max(floor(log2|acc|), -126).  With
+   ``overflow_inf`` a fused sum of magnitude >= 2^128 is +-Inf whatever ``norm_mode``.
+   ``chain``: each group (one MMA instruction of ``group_size`` K) starts from the FP32
+   outer accumulator (C of the instruction) instead of zero, and its result becomes the
+   outer accumulator (rounded to FP32 with ``outer_mode``): no separate cross-group add.
+   ``dot(..., c=)`` gives that accumulator's initial value.
 5. Lattice: c = L * RNE(c / L) when ``lattice`` is set.
 6. alpha (per-tensor or per-row/column scales): ``alpha_mode`` says how the
    factors meet the accumulator (one rounding, FP32-premultiplied, or one FP32
@@ -66,6 +79,8 @@ class ScalePoint(enum.Enum):
 class AlignRef(enum.Enum):
     VALUE = "value"                # floor(log2|t|) of every term
     EXPONENT_SUM = "exponent_sum"  # products: sum of the factors' exponents (unnormalized)
+    SCALE_EXPONENT_SUM = "scale_exponent_sum"  # MMA-Sim: format exponents (subnormal/zero at
+                                               # emin), exact groups by their scales' exponents
 
 
 class AlphaMode(enum.Enum):
@@ -100,6 +115,12 @@ class GemmModel:
     alpha_mode: AlphaMode = AlphaMode.PREMULTIPLIED
     output: str = "float32"
     output_mode: Mode = Mode.RNE
+    # Blackwell MMA family (issue 17).  Defaults keep every older model; to_dict omits
+    # default-valued ones so older reports and baselines compare unchanged.
+    exact_group: int | None = None   # products summed exactly in runs of this many
+    chain: bool = False              # groups start from the running FP32 accumulator (C)
+    overflow_inf: bool = False       # fused sum >= 2^128 in magnitude -> +-Inf
+    exp_formats: tuple | None = None  # (a, b, scale) formats for SCALE_EXPONENT_SUM (None: FP32)
 
     def __post_init__(self):
         def bad(name, val, valid):
@@ -134,15 +155,40 @@ class GemmModel:
         get_format(self.output)
         if self.product_format is not None:
             get_format(self.product_format)
+        self._check_blackwell(bad)
+
+    def _check_blackwell(self, bad):
+        if self.exact_group is not None and (not isinstance(self.exact_group, int)
+                                             or isinstance(self.exact_group, bool) or self.exact_group < 1):
+            bad("exact_group", self.exact_group, "None or an int >= 1")
+        for f in ("chain", "overflow_inf"):
+            if not isinstance(getattr(self, f), bool):
+                bad(f, getattr(self, f), "True or False")
+        if self.exp_formats is not None:
+            ef = tuple(self.exp_formats)
+            if len(ef) != 3:
+                bad("exp_formats", self.exp_formats, "None or (a_format, b_format, scale_format or None)")
+            for x in ef[:2] + tuple(x for x in ef[2:] if x is not None):
+                get_format(x)
+            object.__setattr__(self, "exp_formats", ef)
+        if (self.chain or self.exact_group) and self.scale_point is ScalePoint.GROUP:
+            bad("scale_point", "GROUP", "PRODUCT with chain or exact_group")
+        if self.chain and self.group_size is None:
+            bad("group_size", None, "the instruction K (an int) when chain is set")
 
     # --- serialization (JSON-friendly, used by reports and baselines) ----------
     def to_dict(self) -> dict:
         d = asdict(self)
+        for k in _OMIT_DEFAULT:  # absent == default: older baselines stay comparable
+            if d[k] == _FIELD_DEFAULTS[k]:
+                del d[k]
         for k, v in d.items():
             if isinstance(v, enum.Enum):
                 d[k] = v.name
             elif isinstance(v, Fraction):
                 d[k] = str(v)
+            elif isinstance(v, tuple):
+                d[k] = list(v)
         return d
 
     @classmethod
@@ -170,8 +216,17 @@ class GemmModel:
                    else " (a product's exponent taken as the sum of its factors' exponents)")
             parts.append(f"{self.fma_width} product(s) + accumulator per fused step, aligned to the "
                          f"largest exponent{ref} keeping {self.align_bits} fraction bits ({self.align_mode.name})")
-        parts.append(f"normalized to {self.acc_frac_bits} fraction bits with {self.norm_mode.name}")
-        if self.group_size is not None:
+        if self.exact_group is not None:
+            parts.append(f"inside a step, runs of {self.exact_group} products summed exactly first")
+        if self.align_ref is AlignRef.SCALE_EXPONENT_SUM:
+            parts.append("addends aligned at format exponents (scale-exponent sums for exact runs; "
+                         "subnormals and zeros at the minimum normal exponent)")
+        parts.append(f"normalized to {self.acc_frac_bits} fraction bits with {self.norm_mode.name}"
+                     + (", beyond FP32 range +-Inf" if self.overflow_inf else ""))
+        if self.chain:
+            parts.append(f"instructions of K={self.group_size} chained along K: the FP32 "
+                         "accumulator enters each instruction's fused add as C")
+        elif self.group_size is not None:
             parts.append(f"groups of {self.group_size} products added into an FP32 accumulator "
                          f"with {self.outer_mode.name}")
         if self.split_k > 1:
@@ -181,6 +236,10 @@ class GemmModel:
             parts.append(f"result snapped to multiples of {self.lattice} (RNE)")
         parts.append(f"output {self.output} ({self.output_mode.name})")
         return "; ".join(parts)
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in fields(GemmModel)}
+_OMIT_DEFAULT = ("exact_group", "chain", "overflow_inf", "exp_formats")
 
 
 def accumulator_format(acc_frac_bits: int) -> FormatSpec:
@@ -271,8 +330,8 @@ def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact],
                exps: Sequence[int | None] | None = None) -> Exact:
     """One fused step: accumulator + up to F products, aligned, summed, normalized once.
 
-    ``exps``: the products' alignment exponents under ``align_ref`` EXPONENT_SUM (None:
-    each term's own floor(log2|t|))."""
+    ``exps``: the products' alignment exponents under ``align_ref`` EXPONENT_SUM or
+    SCALE_EXPONENT_SUM (None: each term's own floor(log2|t|))."""
     sp = _special_sum([acc, *products])
     if sp is not None:
         return sp
@@ -283,32 +342,61 @@ def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact],
         return Exact(Kind.FINITE, _zero_sign([acc.negative] + [p.negative for p in products],
                                              model.norm_mode))
     if model.align_bits is not None:
-        pe = [None] * len(products) if exps is None else list(exps)
-        emax = max(floor_log2(abs(v)) if e is None else e
-                   for v, e in zip(vals, [None] + pe) if v != 0)
+        if model.align_ref is AlignRef.SCALE_EXPONENT_SUM:
+            # every addend counts, zeros too; C enters with FP32's minimum normal exponent
+            ea = max(floor_log2(abs(vals[0])), -126) if vals[0] != 0 else -126
+            emax = max([ea] + [e for e in exps if e is not None])
+        else:
+            pe = [None] * len(products) if exps is None else list(exps)
+            emax = max(floor_log2(abs(v)) if e is None else e
+                       for v, e in zip(vals, [None] + pe) if v != 0)
         q = pow2(emax - model.align_bits)
         vals = [_align(v, q, model.align_mode) for v in vals]
     s = sum(vals, Fraction(0))
+    if model.overflow_inf and abs(s) >= pow2(128):
+        return Exact(Kind.INF, s < 0)  # MMA-Sim: "a final result beyond the FP32 range is +-Inf"
     v = Exact(Kind.FINITE, s < 0, abs(s))
     if s == 0:
         v = Exact(Kind.FINITE, model.norm_mode is Mode.RDN)  # IEEE: exact zero sum is -0 under RDN
     return round_fp(v, accumulator_format(model.acc_frac_bits), model.norm_mode, model.acc_subnormal)
 
 
+def _exact_runs(model: GemmModel, prods: Sequence[Exact], exps):
+    """``exact_group`` E: each run of E products summed exactly (one addend); its exponent
+    is the largest of its products' exponents.  An exact zero is -0 only if all are -0."""
+    E = model.exact_group
+    if E is None:
+        return prods, exps
+    terms, tex = [], []
+    for i in range(0, len(prods), E):
+        run = prods[i:i + E]
+        t = _special_sum(run)
+        if t is None:
+            s = sum((p.to_fraction() for p in run), Fraction(0))
+            t = (Exact(Kind.FINITE, s < 0, abs(s)) if s != 0 else
+                 Exact(Kind.FINITE, all(p.negative for p in run)))
+        terms.append(t)
+        if exps is not None:
+            es = [e for e in exps[i:i + E] if e is not None]
+            tex.append(max(es) if es else None)
+    return terms, (tex if exps is not None else None)
+
+
 def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequence[Exact] | None,
-                  exps: Sequence[int | None] | None = None) -> Exact:
+                  exps: Sequence[int | None] | None = None, c: Exact | None = None) -> Exact:
     G = model.group_size or max(len(prods), 1)
     F = model.fma_width
-    outer: Exact | None = None
+    outer: Exact | None = c
     for gi, g0 in enumerate(range(0, max(len(prods), 1), G)):
         grp = prods[g0:g0 + G]
-        acc = Exact(Kind.FINITE, False)
+        acc = outer if model.chain and outer is not None else Exact(Kind.FINITE, False)
         for j in range(0, len(grp), F):
             ex = None if exps is None else exps[g0 + j:g0 + j + min(F, len(grp) - j)]
-            acc = fused_step(model, acc, grp[j:j + F], ex)
+            terms, tex = _exact_runs(model, grp[j:j + F], ex)
+            acc = fused_step(model, acc, terms, tex)
         if group_scales is not None:
             acc = _fp32(_mul(acc, group_scales[gi]))
-        if outer is None:
+        if outer is None or model.chain:
             outer = round_fp(acc, "float32", model.outer_mode)
         else:
             sp = _special_sum([outer, acc])
@@ -320,12 +408,16 @@ def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequen
 
 def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None = None,
         scales_b: Sequence | None = None, block: int | None = None,
-        alpha: Sequence | None = None) -> Exact:
+        alpha: Sequence | None = None, c=None) -> Exact:
     """One output element under ``model``: sum_k a_k b_k, block scales optional.
 
     a, b: decoded operand values (anything ``exact()`` takes); scales_a/b: one
     decoded scale per block of ``block`` consecutive k; alpha: factors applied
-    after accumulation (e.g. scale_a[i], scale_b[j] of a scaled GEMM)."""
+    after accumulation (e.g. scale_a[i], scale_b[j] of a scaled GEMM); c (``chain``
+    models only): the accumulator's initial value, C of the first instruction."""
+    if c is not None and not model.chain:
+        raise ValueError(f"c: only chain models take an initial accumulator; model "
+                         f"{model.name!r} has chain=False (valid choices: c=None)")
     if len(a) != len(b):
         raise ValueError(f"a, b: lengths differ ({len(a)} vs {len(b)})")
     K = len(a)
@@ -358,23 +450,14 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
                                  f"({block}); got K={K}, split_k={model.split_k}, split_tile={model.split_tile}")
             group_scales_all = sab
 
-    exps = None
-    if model.align_ref is AlignRef.EXPONENT_SUM:
-        # zero and non-finite products take no part in the alignment
-        def _e(xs):
-            return (sum(floor_log2(x.mag) for x in xs)
-                    if all(x.is_finite and x.mag != 0 for x in xs) else None)
-        factors = [[x, y] for x, y in zip(av, bv)]
-        if blocked and model.scale_point is ScalePoint.PRODUCT:
-            factors = [f + [exact(scales_a[k // block]), exact(scales_b[k // block])]
-                       for k, f in enumerate(factors)]
-        exps = [_e(f) for f in factors]
+    exps = _alignment_exponents(model, av, bv, scales_a, scales_b, block, blocked)
     total: Exact | None = None
     for lo, hi in split_bounds(model, K):
         gs = None
         if group_scales_all is not None:
             gs = group_scales_all[lo // block:-(-hi // block)]
-        part = _reduce_slice(model, prods[lo:hi], gs, None if exps is None else exps[lo:hi])
+        part = _reduce_slice(model, prods[lo:hi], gs, None if exps is None else exps[lo:hi],
+                             exact(c) if c is not None and lo == 0 else None)
         if total is None:
             total = part
         else:
@@ -405,6 +488,41 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
                 c = _mul(c, f)
                 c = _fp32(c) if c.is_finite else c
     return round_fp(c, model.output, model.output_mode)
+
+
+def _format_exponent(x: Exact, fmt: str) -> int | None:
+    """A factor's exponent as an MMA sees it: floor(log2|x|), or the format's minimum
+    normal exponent for a subnormal or zero; None for NaN/Inf (decided before alignment)."""
+    if not x.is_finite:
+        return None
+    spec = get_format(fmt)
+    return floor_log2(x.mag) if x.mag >= spec.min_normal else spec.emin
+
+
+def _alignment_exponents(model, av, bv, scales_a, scales_b, block, blocked):
+    """Per-product alignment exponents (None: align by value)."""
+    if model.align_bits is None or model.align_ref is AlignRef.VALUE:
+        return None
+    if model.align_ref is AlignRef.EXPONENT_SUM:
+        # zero and non-finite products take no part in the alignment
+        def _e(xs):
+            return (sum(floor_log2(x.mag) for x in xs)
+                    if all(x.is_finite and x.mag != 0 for x in xs) else None)
+        factors = [[x, y] for x, y in zip(av, bv)]
+        if blocked and model.scale_point is ScalePoint.PRODUCT:
+            factors = [f + [exact(scales_a[k // block]), exact(scales_b[k // block])]
+                       for k, f in enumerate(factors)]
+        return [_e(f) for f in factors]
+    fa, fb, fs = model.exp_formats or ("float32",) * 3  # default: FP32's exponent range
+    out = []
+    for k, (x, y) in enumerate(zip(av, bv)):
+        es = []
+        if not (model.exact_group and blocked):  # exact runs of scaled products: scales only
+            es += [_format_exponent(x, fa), _format_exponent(y, fb)]
+        if blocked:
+            es += [_format_exponent(exact(s), fs) for s in (scales_a[k // block], scales_b[k // block])]
+        out.append(None if None in es else sum(es))
+    return out
 
 
 def split_bounds(model: GemmModel, K: int) -> list[tuple[int, int]]:
@@ -448,6 +566,21 @@ PRESETS: dict[str, GemmModel] = {
     "probe_matched_lattice": _P("probe_matched_lattice", fma_width=64, align_bits=None,
                                 acc_frac_bits=23, norm_mode=Mode.RNE, group_size=64,
                                 outer_mode=Mode.RTZ, lattice=Fraction(1, 1024)),
+    # MMA-Sim (arXiv 2511.10909) tcgen05 kind::mxf4nvf4 chained along K by a library GEMM:
+    # K = 64 per instruction, exact groups of 16, addends aligned at the scale-exponent sums,
+    # truncated at 35 fraction bits, RZ to FP32 per instruction (NVFP4: ue4m3 scales).
+    "blackwell_mxf4nvf4": _P("blackwell_mxf4nvf4", fma_width=64, group_size=64, chain=True,
+                             exact_group=16, align_bits=35, align_mode=Mode.RTZ,
+                             align_ref=AlignRef.SCALE_EXPONENT_SUM, acc_frac_bits=23,
+                             norm_mode=Mode.RTZ, overflow_inf=True, outer_mode=Mode.RTZ,
+                             exp_formats=("float4_e2m1fn", "float4_e2m1fn", "ue4m3")),
+    # kind::mxf8f6f4 (here for MXFP4 operands, ue8m0 block 32): K = 32, every product its
+    # own addend at exp(a)+exp(b)+exp(sa)+exp(sb), 25 fraction bits, RZ per instruction.
+    "blackwell_mxf8f6f4": _P("blackwell_mxf8f6f4", fma_width=32, group_size=32, chain=True,
+                             align_bits=25, align_mode=Mode.RTZ,
+                             align_ref=AlignRef.SCALE_EXPONENT_SUM, acc_frac_bits=23,
+                             norm_mode=Mode.RTZ, overflow_inf=True, outer_mode=Mode.RTZ,
+                             exp_formats=("float4_e2m1fn", "float4_e2m1fn", "float8_e8m0fnu")),
 }
 
 

@@ -29,6 +29,11 @@ class Mode(enum.Enum):
     RTO = "rto"  # round to odd (truncate, then set the last bit if inexact)
     SR = "sr"    # stochastic: add rbits/2**nbits of a step, then truncate
 
+    @classmethod
+    def _missing_(cls, value):  # Mode("XYZ"): name the valid choices, as every boundary does
+        raise ValueError(f"Mode: unknown value {value!r}; valid choices: "
+                         + ", ".join(f"{m.name} ({m.value!r})" for m in cls))
+
 
 DETERMINISTIC_MODES = tuple(m for m in Mode if m is not Mode.SR)
 

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .schema import (CONFORMANCE_SCHEMA, ReportError, check_report, load_json, load_report,
+from .schema import (CONFORMANCE_SCHEMA, ReportError, check_report, load_json,
                      new_report, newest_report, normalize_report, validate_conformance,
                      write_json_atomic)
 
@@ -80,10 +80,19 @@ def gate_main(argv: list[str] | None = None) -> int:
                     help="where to look for the newest report (default: reports)")
     ap.add_argument("--accept", action="store_true",
                     help="after printing the comparison, record the current report as the new baseline")
+    ap.add_argument("--conformance", type=Path, default=None,
+                    help="a conformance JSON (fp4ref conform --out) gated with the current report "
+                         "(replaces its conformance matrix); --baseline and --current may also be "
+                         "conformance JSONs")
+    ap.add_argument("--allow-env-mismatch", action="store_true",
+                    help="compare even when the baseline ran on other hardware (GPU or CPU model); "
+                         "by default that is refused, as every hardware difference would read as a regression")
     args = ap.parse_args(argv)
     try:
         cur_path = args.current or newest_report(args.reports_dir, exclude=[args.baseline])
         current = _load_any(cur_path)
+        if args.conformance is not None:
+            current["conformance"] = _load_any(args.conformance)["conformance"]
         if args.accept and not args.baseline.exists():
             write_json_atomic(args.baseline, current)
             print(f"fp4ref gate: recorded new baseline {args.baseline} from {cur_path}")
@@ -91,10 +100,19 @@ def gate_main(argv: list[str] | None = None) -> int:
         if not args.baseline.exists():
             return _err(f"{args.baseline}: no such baseline; record one with "
                         f"`fp4ref gate --baseline {args.baseline} --current <report.json> --accept`")
-        baseline = load_report(args.baseline)
+        baseline = _load_any(args.baseline)
     except ReportError as e:
         return _err(str(e))
-    from .gate import compare_reports
+    from .gate import compare_reports, environment_differences
+    from .schema import baseline_key
+    hard, _ = environment_differences(baseline, current)
+    if hard and not (args.allow_env_mismatch or args.accept):
+        return _err("gate: refusing to compare reports from different hardware (every difference "
+                    "would read as a regression):\n  " + "\n  ".join(hard) + "\n"
+                    f"Gate against a baseline recorded on this machine (record one: fp4ref gate "
+                    f"--baseline {args.baseline.parent / (baseline_key(current['environment']) + '.json')} "
+                    f"--current {cur_path} --accept), "
+                    "or pass --allow-env-mismatch to compare anyway")
     result = compare_reports(baseline, current)
     print(result.format(f"{args.baseline} (created {baseline['created']}, fp4ref {baseline['fp4ref_version']})",
                         f"{cur_path} (created {current['created']}, fp4ref {current['fp4ref_version']})"))

@@ -17,7 +17,7 @@ from fractions import Fraction
 from .model_card import one_line
 from .schema import NONFINITE_BUCKET
 
-__all__ = ["GateResult", "compare_reports", "STATUS_RANK"]
+__all__ = ["GateResult", "compare_reports", "STATUS_RANK", "environment_differences"]
 
 # Higher is better.  Equal rank but different status (no_fit <-> nondeterministic) is a change.
 STATUS_RANK = {"fit": 4, "partial": 3, "no_fit": 2, "nondeterministic": 2, "error": 1, "skipped": 0}
@@ -30,6 +30,7 @@ class GateResult:
     improvements: list[str] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)  # neutral: new devices / cells / tests
     checked: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # e.g. library versions differ
 
     @property
     def ok(self) -> bool:
@@ -43,6 +44,9 @@ class GateResult:
         lines = [head, f"  baseline: {baseline_label}", f"  current:  {current_label}",
                  f"  compared: {c.get('devices', 0)} device(s), {c.get('cells', 0)} conformance cell(s), "
                  f"{c.get('tests', 0)} test(s)"]
+        if self.warnings:
+            lines += ["", "Warning: the environments differ (differences below may come from them):"] + [
+                f"  [env] {w}" for w in self.warnings]
         for title, items, mark in (("Regressions (fail):", self.regressions, "[worse]"),
                                    ("Improvements:", self.improvements, "[better]"),
                                    ("Other changes (not failures):", self.changes, "[new]")):
@@ -114,7 +118,10 @@ def _compare_validation(where: str, b: dict | None, c: dict | None, r: GateResul
 def _compare_device(b: dict, c: dict, r: GateResult) -> None:
     where = f"device {b['name']!r}"
     if b["kind"] != c["kind"]:
-        r.regressions.append(f"{where}: kind changed: {b['kind']} -> {c['kind']}")
+        if b.get("backend") == "?":   # reports before 2026-12-01 stored unfinished devices as cpu
+            r.changes.append(f"{where}: kind recorded: {b['kind']} (placeholder) -> {c['kind']}")
+        else:
+            r.regressions.append(f"{where}: kind changed: {b['kind']} -> {c['kind']}")
     if b["status"] != c["status"]:
         msg = f"{where}: status {b['status']} -> {c['status']}"
         if STATUS_RANK[c["status"]] > STATUS_RANK[b["status"]]:
@@ -208,9 +215,50 @@ def _compare_tests(b: dict | None, c: dict | None, r: GateResult) -> None:
         r.changes.append(f"{len(new)} new test(s)" + (f": {', '.join(new[:5])}" + (" ..." if len(new) > 5 else "")))
 
 
+_UNRECORDED = (None, "", "not recorded", "not recorded in the conformance JSON")
+
+
+def _ran(report: dict, kind: str) -> bool:
+    return any(d["kind"] == kind and d["status"] != "skipped" for d in report["devices"])
+
+
+def environment_differences(baseline: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(hardware, software) differences between the two reports' environments.  Hardware:
+    the GPU, or the CPU model / ISA where CPU devices ran (values recorded on both sides
+    only).  Software: torch, CUDA, driver and library versions."""
+    be, ce = baseline.get("environment") or {}, current.get("environment") or {}
+    bx, cx = be.get("extra") or {}, ce.get("extra") or {}
+    hard, soft = [], []
+
+    def diff(out, what, b, c):
+        if b not in _UNRECORDED and c not in _UNRECORDED and b != c:
+            out.append(f"{what}: baseline {_v(b)}, current {_v(c)}")
+    gb, gc = be.get("gpu"), ce.get("gpu")
+    if (gb or gc) and gb != gc and not (be.get("platform") in _UNRECORDED or ce.get("platform") in _UNRECORDED):
+        hard.append(f"GPU: baseline {gb or 'none (CPU only)'}, current {gc or 'none (CPU only)'}")
+    if _ran(baseline, "cpu") and _ran(current, "cpu"):
+        diff(hard, "CPU architecture", be.get("cpu"), ce.get("cpu"))
+        diff(hard, "CPU model", bx.get("cpu_model"), cx.get("cpu_model"))
+        diff(hard, "CPU ISA extensions", bx.get("cpu_isa"), cx.get("cpu_isa"))
+    for k, what in (("torch", "torch"), ("cuda", "CUDA"), ("driver", "driver")):
+        diff(soft, what, be.get(k), ce.get(k))
+    bl, cl = be.get("libraries") or {}, ce.get("libraries") or {}
+    for lib in sorted(set(bl) & set(cl)):
+        diff(soft, lib, bl[lib], cl[lib])
+    return hard, soft
+
+
 def compare_reports(baseline: dict, current: dict) -> GateResult:
-    """Both arguments are validated, normalized reports (schema.load_report)."""
+    """Both arguments are validated, normalized reports (schema.load_report).  Environment
+    differences are listed as warnings (the caller refuses hardware differences)."""
     r = GateResult()
+    hard, soft = environment_differences(baseline, current)
+    r.warnings = hard + soft
+    if not current["devices"] and current.get("conformance") is not None:
+        # a conformance matrix alone: gate its cells, not the baseline's devices
+        r.changes.append("devices not compared: the current input is a conformance matrix only")
+        _compare_conformance(baseline.get("conformance"), current.get("conformance"), r)
+        return r
     cur = {d["name"]: d for d in current["devices"]}
     r.checked["devices"] = len(baseline["devices"])
     for bd in baseline["devices"]:

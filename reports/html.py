@@ -263,7 +263,20 @@ def _conformance_view(conf: dict | None) -> dict | None:
             row["cells"].append(view)
         rows.append(row)
     counts = {s: sum(1 for c in conf["cells"] if c["status"] == s) for s in ("agree", "disagree", "skipped")}
-    return {"profiles": profiles, "rows": rows, "counterexamples": cxs, "counts": counts}
+    return {"profiles": profiles, "rows": rows, "counterexamples": cxs, "counts": counts,
+            "independent": _independent_view(conf.get("independent"))}
+
+
+def _independent_view(col) -> list[dict]:
+    """The matrix's per-profile independent-checks column (fp4ref.conform.independent_column);
+    older matrices have none."""
+    if not isinstance(col, list):
+        return []
+    return [{"profile": str(e.get("profile", "")),
+             "checked": [str(x) for x in e.get("agreed_in_this_run", [])] +
+                        [str(x) for x in e.get("test_suite", [])],
+             "literals": [str(x) for x in e.get("spec_literals_only", [])]}
+            for e in col if isinstance(e, dict)]
 
 
 def _device_view(i: int, d: dict) -> dict:
@@ -280,7 +293,7 @@ def _device_view(i: int, d: dict) -> dict:
     return {"id": f"device-{i}", "name": d["name"], "backend": d["backend"], "kind": d["kind"],
             "kind_words": KIND_WORDS.get(d["kind"], d["kind"]), "hardware_run": d["hardware_run"],
             "status": d["status"], "status_words": STATUS_WORDS.get(d["status"], d["status"]),
-            "error": d["error"], "model": d["model"], "model_words": describe_model(d["model"], d["status"]),
+            "error": d["error"], "model": d["model"], "model_words": describe_model(d["model"], d["status"], d["notes"]),
             "model_line": one_line(d["model"]), "model_summary": d["model_summary"],
             "model_params": [{"key": k, "value": _compact(val_)} for k, val_ in (d["model"] or {}).items()],
             "capabilities": [{"key": k, "value": _compact(val_)} for k, val_ in d["capabilities"].items()],
@@ -312,7 +325,11 @@ def _tests_view(t: dict | None) -> dict | None:
 
 
 def _view(r: dict) -> dict:
-    devices = [_device_view(i, d) for i, d in enumerate(r["devices"])]
+    # devices that could not run here (e.g. CUDA devices on a CPU machine) are one compact
+    # list, not a card each, and the banner counts only the devices that ran
+    devices = [_device_view(i, d) for i, d in enumerate(r["devices"]) if d["status"] != "skipped"]
+    unavailable = [{"name": d["name"], "reason": ((d.get("error") or "").splitlines() or ["not available"])[0]}
+                   for d in r["devices"] if d["status"] == "skipped"]
     not_hw = [d for d in devices if not d["hardware_run"]]
     env = r["environment"]
     env_rows = [(k, env.get(k)) for k in ("platform", "python", "torch", "cuda", "driver", "gpu", "host", "cpu")
@@ -320,7 +337,8 @@ def _view(r: dict) -> dict:
     return {"title": r["title"], "created": r["created"], "version": r["fp4ref_version"],
             "schema": f"{r['schema']} v{r['schema_version']}", "command": r["command"], "notes": r["notes"],
             "env_rows": env_rows, "libraries": sorted(env["libraries"].items()),
-            "devices": devices, "not_hw": not_hw, "all_not_hw": bool(devices) and len(not_hw) == len(devices),
+            "devices": devices, "unavailable": unavailable,
+            "not_hw": not_hw, "all_not_hw": bool(devices or unavailable) and len(not_hw) == len(devices),
             "conformance": _conformance_view(r["conformance"]), "tests": _tests_view(r["tests"])}
 
 
@@ -428,7 +446,7 @@ _TEMPLATE = r"""{%- macro svgplot(p) -%}
 {%- if v.all_not_hw %}
 <div class="banner not-hardware" id="banner-not-hardware">Nothing in this report was run on real hardware. Every device below is virtual, emulated or skipped: the results test the toolkit, not a GPU.</div>
 {%- elif v.not_hw %}
-<div class="banner not-hardware" id="banner-not-hardware">{{ v.not_hw|length }} of {{ v.devices|length }} devices were not run on real hardware ({% for d in v.not_hw %}{{ d.name }}{% if not loop.last %}, {% endif %}{% endfor %}); they are marked below.</div>
+<div class="banner not-hardware" id="banner-not-hardware">{{ v.not_hw|length }} of the {{ v.devices|length }} devices that ran were not run on real hardware ({% for d in v.not_hw %}{{ d.name }}{% if not loop.last %}, {% endif %}{% endfor %}); they are marked below.</div>
 {%- endif %}
 {%- for n in v.notes %}<p class="note">{{ n }}</p>{% endfor %}
 
@@ -458,7 +476,8 @@ _TEMPLATE = r"""{%- macro svgplot(p) -%}
 <td class="num">{% if d.validation %}<span class="{{ 'ok' if d.validation.full else 'bad' }}">{{ d.validation.pct }}%</span> ({{ d.validation.matches }}/{{ d.validation.outputs }}){% else %}<span class="mut">not validated</span>{% endif %}</td></tr>
 {%- endfor %}
 </table>
-{%- else %}<p class="mut">No GEMM devices in this report.</p>{% endif %}
+{%- else %}<p class="mut">No GEMM device ran in this report.</p>{% endif %}
+{%- if v.unavailable %}<p class="mut" id="unavailable">Not available on this machine ({{ v.unavailable|length }}): {% for d in v.unavailable %}<span class="mono">{{ d.name }}</span> ({{ d.reason }}){% if not loop.last %}; {% endif %}{% endfor %}.</p>{% endif %}
 {%- if v.conformance %}<p>Conformance: <span class="ok">{{ v.conformance.counts.agree }} agree</span>, <span class="bad">{{ v.conformance.counts.disagree }} disagree</span>, {{ v.conformance.counts.skipped }} skipped (<a href="#conformance">matrix</a>).</p>{% endif %}
 {%- if v.tests %}<p>Tests: {% for k, c in v.tests.summary|dictsort %}<span class="t-{{ k }}">{{ c }} {{ k }}</span>{% if not loop.last %}, {% endif %}{% endfor %} (<a href="#tests">details</a>).</p>{% endif %}
 </section>
@@ -564,6 +583,13 @@ Shapes (M x N x K): {% for s in val.shapes[:12] %}{{ s }}{% if not loop.last %},
 </tr>
 {%- endfor %}
 </table>
+{%- if c.independent %}
+<h3 id="independent-checks">Independent checks per profile</h3>
+<p class="mut">Which implementations that share no code with the profile checked it (cells that agreed in this run, and the test suite's oracles), and which rules are checked only against the spec's literals.</p>
+<table class="independent-checks"><tr><th>profile</th><th>checked by</th><th>SPEC literals only</th></tr>
+{%- for e in c.independent %}<tr><th class="mono">{{ e.profile }}</th><td>{% for x in e.checked %}{{ x }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td><td>{% for x in e.literals %}<span class="bad">{{ x }}</span>{% if not loop.last %}<br>{% endif %}{% else %}<span class="mut">&ndash;</span>{% endfor %}</td></tr>{% endfor %}
+</table>
+{%- endif %}
 {%- if c.counterexamples %}
 <h3>Counterexamples</h3>
 {%- for x in c.counterexamples %}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-__all__ = ["describe_model", "STATUS_WORDS", "KIND_WORDS", "mode_words"]
+__all__ = ["describe_model", "hypothesis_words", "STATUS_WORDS", "KIND_WORDS", "mode_words"]
 
 _MODES = {
     "RNE": "round to nearest, ties to even (RNE)",
@@ -41,7 +41,10 @@ _ALIASES = {"output_format": "output", "promote_interval": "group_size",
 
 _KNOWN = ("name", "product_format", "fma_width", "align_bits", "align_mode", "align_ref", "acc_frac_bits",
           "norm_mode", "acc_subnormal", "group_size", "outer_mode", "scale_point", "lattice",
-          "split_k", "alpha_mode", "output", "output_mode")
+          "split_k", "alpha_mode", "output", "output_mode",
+          "exact_group", "chain", "overflow_inf", "exp_formats", "split_tile")
+
+_MATCHED = "matched the Blackwell hypothesis"  # probes.infer's note for a block-scaled fit
 
 
 def mode_words(m) -> str:
@@ -64,8 +67,27 @@ def _lattice_words(lat) -> str:
     return str(f)
 
 
-def describe_model(model: dict | None, status: str | None = None) -> list[str]:
-    """Sentences, in evaluation order, saying what the GEMM does; unknown keys listed last."""
+def hypothesis_words(model: dict | None, notes=None) -> list[str]:
+    """Which hypothesis the device matched, in words, and the crafted probe that decided it
+    (from the inference's note); without that note, the hypothesis the model itself is
+    (probes.infer.hypothesis_name), when it is one of the named ones."""
+    for n in notes or ():
+        if isinstance(n, str) and n.startswith(_MATCHED):
+            return [n[0].upper() + n[1:] + "."]
+    if not model:
+        return []
+    from probes.infer import hypothesis_name
+    from reference.gemm import GemmModel
+    try:
+        name = hypothesis_name(GemmModel.from_dict(dict(model)))
+    except (TypeError, ValueError, KeyError):  # a hand-written or older record: no hypothesis
+        return []
+    return [] if name == "general family" else [f"Hypothesis: {name}."]
+
+
+def describe_model(model: dict | None, status: str | None = None, notes=None) -> list[str]:
+    """Sentences, in evaluation order, saying what the GEMM does; unknown keys listed last.
+    ``notes``: the device's notes, for the hypothesis it matched and the deciding probe."""
     if not model:
         return []
     m = {}
@@ -75,6 +97,8 @@ def describe_model(model: dict | None, status: str | None = None) -> list[str]:
     name = m.get("name")
     if isinstance(name, str) and name not in ("", "custom"):
         out.append(f"Closest named model: {name}." if status == "no_fit" else f"Named model: {name}.")
+    if status != "no_fit":
+        out += hypothesis_words(model, notes)
 
     pf = m.get("product_format")
     sp = str(m.get("scale_point") or "").upper()
@@ -107,6 +131,7 @@ def describe_model(model: dict | None, status: str | None = None) -> list[str]:
             out.append(step + f": every term is aligned to the largest exponent among them{ref}, keeping "
                        f"{ab}{extra} fraction bits; bits shifted out are "
                        f"{mode_words(m.get('align_mode', 'RTZ'))}.")
+    out += _mma_words(m)
     if W is not None:
         fp32 = " (FP32 precision)" if W == 23 else ""
         out.append(f"After each step the accumulator is normalized to {W} fraction bits{fp32}, "
@@ -116,12 +141,16 @@ def describe_model(model: dict | None, status: str | None = None) -> list[str]:
         out.append("Accumulator results below the smallest normal are flushed to zero.")
 
     G = m.get("group_size")
-    if G is not None:
+    if G is not None and m.get("chain"):
+        out.append(f"Instructions of K={G} are chained along K: the running FP32 accumulator enters "
+                   f"each instruction's fused add as C, and each instruction's result is rounded to FP32.")
+    elif G is not None:
         out.append(f"Every {G} products the partial sum is added (promoted) into a separate FP32 "
                    f"accumulator, in order; those additions are {mode_words(m.get('outer_mode', 'RNE'))}.")
     sk = m.get("split_k")
     if isinstance(sk, int) and sk > 1:
-        out.append(f"K is split into {sk} slices reduced separately, then added in FP32 (RNE).")
+        tile = f" (tiles of {m['split_tile']})" if m.get("split_tile") else ""
+        out.append(f"K is split into {sk} slices{tile} reduced separately, then added in FP32 (RNE).")
     lat = m.get("lattice")
     if lat is not None:
         out.append(f"The result is snapped to multiples of {_lattice_words(lat)}, ties to even.")
@@ -135,6 +164,23 @@ def describe_model(model: dict | None, status: str | None = None) -> list[str]:
     others = [f"{k} = {v}" for k, v in m.items() if k not in _KNOWN]
     if others:
         out.append("Other parameters: " + "; ".join(others) + ".")
+    return out
+
+
+def _mma_words(m: dict) -> list[str]:
+    """The Blackwell MMA fields (issue 17), in words."""
+    out = []
+    if m.get("exact_group") is not None:
+        out.append(f"Inside a fused step, each run of {m['exact_group']} products is summed exactly first "
+                   "and enters as one addend.")
+    if m.get("align_ref") == "SCALE_EXPONENT_SUM":
+        ef = m.get("exp_formats") or ["float32"] * 3
+        out.append("Addends are aligned at exponents read from the formats, not from their values: a product "
+                   "at the sum of its factors' exponents, an exact run at its block scales' exponent sum, "
+                   "zeros and subnormals at the format's smallest normal exponent "
+                   f"(formats {', '.join(map(str, ef))}).")
+    if m.get("overflow_inf"):
+        out.append("A fused sum beyond the FP32 range becomes +-infinity.")
     return out
 
 

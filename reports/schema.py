@@ -31,7 +31,8 @@ __all__ = [
     "load_json", "load_report", "load_conformance", "write_json_atomic", "write_text_atomic",
     "write_report", "jsonable",
     "new_report", "new_device", "probe_record", "scan_record", "mismatch_record",
-    "ValidationRecorder", "validation_record", "collect_environment", "utc_now",
+    "ValidationRecorder", "validation_record", "collect_environment", "utc_now", "baseline_key",
+    "cpu_identity",
     "run_dir", "machine_slug", "find_reports", "newest_report",
 ]
 
@@ -309,7 +310,8 @@ def _histogram(v, p, errs):
 _VALIDATION = _obj(
     {"outputs": _int(1), "matches": _int(0), "agreement_pct": _num(0, 100),
      "shapes": _list(_shape), "mismatches": _list(_MISMATCH), "ulp_histogram": _histogram},
-    {"seed": _nullable(_int(0)), "note": _str},
+    {"seed": _nullable(_int(0)), "note": _str,
+     "errors": _list(_obj({"shape": _shape, "error": _nonempty_str}))},
     then=_validation_then)
 
 
@@ -507,7 +509,9 @@ def normalize_report(report: dict) -> dict:
     r.setdefault("notes", [])
     r.setdefault("tests", None)
     r.setdefault("extra", {})
+    from probes.backends import canonical_name
     for d in r["devices"]:
+        d["name"] = canonical_name(d["name"])   # older reports cut some names short
         for k, v in (("capabilities", {}), ("error", None), ("model", None), ("model_summary", ""),
                      ("probes", []), ("scans", []), ("validation", None), ("wall_s", None),
                      ("notes", []), ("extra", {})):
@@ -560,6 +564,14 @@ def load_conformance(path: "str | os.PathLike") -> dict:
     return obj
 
 
+def _umask_mode() -> int:
+    """The mode open() would give a new file (0644 under the usual umask 022); mkstemp's
+    temp files are 0600, which the rename would otherwise keep."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_json_atomic(path: "str | os.PathLike", obj: Any) -> Path:
     """Write JSON so readers see the old file or the whole new one, never a partial one.
 
@@ -575,6 +587,7 @@ def write_json_atomic(path: "str | os.PathLike", obj: Any) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), _umask_mode())
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
@@ -603,6 +616,7 @@ def write_text_atomic(path: "str | os.PathLike", text: str) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode("utf-8"))
             f.flush()
+            os.fchmod(f.fileno(), _umask_mode())
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
@@ -669,6 +683,7 @@ def collect_environment(libraries: Iterable[str] = ("numpy", "triton", "ml_dtype
            "libraries": {}, "host": platform.node() or None, "cpu": platform.machine() or None}
     for lib in libraries:
         env["libraries"][lib] = _version(lib) or _version(lib.replace("_", "-"))
+    env["extra"] = cpu_identity()
     torch = sys.modules.get("torch")
     if torch is not None:
         env["torch"] = getattr(torch, "__version__", env["torch"])
@@ -686,6 +701,31 @@ def collect_environment(libraries: Iterable[str] = ("numpy", "triton", "ml_dtype
         except (OSError, subprocess.SubprocessError):
             pass
     return env
+
+
+_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile",
+              "asimd", "sve", "sve2", "bf16", "i8mm")
+
+
+def cpu_identity() -> dict:
+    """The CPU model and the ISA extensions that decide which kernels a host BLAS runs
+    (a CPU baseline is keyed by these and the torch version)."""
+    model, flags = None, set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip().lower()
+                if k in ("model name", "cpu model") and not model:
+                    model = v.strip()
+                elif k in ("flags", "features") and not flags:
+                    flags = set(v.split())
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    return {"cpu_model": model or platform.processor() or None,
+            "cpu_isa": sorted(f for f in _ISA_FLAGS if f in flags)}
 
 
 def new_report(*, title: str | None = None, command: str | None = None,
@@ -822,12 +862,31 @@ def machine_slug(environment: dict | None = None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
+def baseline_key(environment: dict | None = None) -> str:
+    """The name a gate baseline of this machine goes by: the GPU and driver, or for a CPU-only
+    machine the CPU model and the ISA extensions that pick its BLAS kernels; then torch.
+    E.g. 'cpu-x86-64-intel-r-xeon-r-processor-amx-bf16-avx512f-torch2.13.0'."""
+    import re
+    env = environment if environment is not None else collect_environment()
+    x = env.get("extra") or {}
+    if env.get("gpu"):
+        parts = [env["gpu"], env.get("driver") or "driver-unknown"]
+    else:
+        isa = [f for f in x.get("cpu_isa") or [] if f in ("avx512f", "amx_bf16", "avx512_bf16", "sve", "bf16")]
+        parts = [f"cpu-{env.get('cpu') or 'unknown'}", x.get("cpu_model") or "", *isa]
+    parts.append(f"torch{env.get('torch') or 'none'}")
+    return re.sub(r"[^a-z0-9.]+", "-", " ".join(p for p in parts if p).lower()).strip("-")
+
+
 def run_dir(root: "str | os.PathLike" = "reports", group: str | None = None,
-            environment: dict | None = None) -> Path:
+            environment: dict | None = None, created: str | None = None) -> Path:
     """reports/<group>/<UTC stamp>/ (group: machine_slug() by default); a fresh directory name
-    that the reports/*/*/report.json lookup of `fp4ref report` and `fp4ref gate` finds."""
+    that the reports/*/*/report.json lookup of `fp4ref report` and `fp4ref gate` finds.
+    ``created``: the report's start time (utc_now() form), so the folder is named by when
+    the run started, as its 'created' field says; default now."""
     group = group or machine_slug(environment)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = (created.replace("-", "").replace(":", "") if created
+             else _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
     p = Path(root) / group / stamp
     n = 1
     while p.exists():

@@ -34,7 +34,7 @@ def caps_for(name: str) -> Capabilities:
     if name.startswith("triton-dot-e4m3"):
         return Capabilities("float8_e4m3fn", "float8_e4m3fn", "float32", k_multiple=128, mn_multiple=64, **big)
     if name.startswith("cuda-scaled_mm-e4m3"):
-        out = "float32" if name.endswith("floa") else "bfloat16"
+        out = "float32" if name.endswith(("floa", "float32")) else "bfloat16"
         return Capabilities("float8_e4m3fn", "float8_e4m3fn", out, alpha="rowwise" if "rowwise" in name
                             else "tensorwise", k_multiple=16, mn_multiple=16, **big)
     raise ValueError(f"device: unknown recorded device {name!r}")

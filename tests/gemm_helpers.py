@@ -163,3 +163,58 @@ def gemm_models(draw, blocked: bool = False):
         output=draw(st.sampled_from(("float32", "float32", "bfloat16", "float16", "tf32",
                                      "float8_e4m3fn", "float8_e5m2", "ue5m3", "float8_e8m0fnu"))),
         output_mode=draw(st.sampled_from(modes_r)))
+
+
+# --- exact reference on sampled outputs of a block-scaled GEMM (no fp4ref code) ----------
+def _decode_rows(codes: torch.Tensor, fmt: str, rows) -> list[list]:
+    """Rows of codes -> lists of reference.formats Exact values (spec decode, not fp4ref's)."""
+    from reference.formats import get_format
+    spec = get_format(fmt)
+    table = [spec.decode(c) for c in range(spec.ncodes)]
+    c = codes.cpu()
+    return {i: [table[v] for v in c[i].tolist()] for i in rows}
+
+
+def sample_positions(M: int, N: int, n: int, seed: int, rows=(), cols=()) -> list[tuple[int, int]]:
+    """n output positions spread over all tiles (uniform, stable seed), plus one position on
+    each listed row / column (special rows, e.g. NaN scales) and the four corners."""
+    g = torch.Generator().manual_seed(seed)
+    ii = torch.randint(0, M, (n,), generator=g).tolist()
+    jj = torch.randint(0, N, (n,), generator=g).tolist()
+    pos = set(zip(ii, jj)) | {(0, 0), (0, N - 1), (M - 1, 0), (M - 1, N - 1)}
+    pos |= {(int(r), jj[k % n]) for k, r in enumerate(rows)}
+    pos |= {(ii[k % n], int(c)) for k, c in enumerate(cols)}
+    return sorted(pos)
+
+
+def ref_blockscaled(model, ac, asc, bc, bsc, sfmt: str, block: int, alpha, positions) -> torch.Tensor:
+    """reference.gemm.dot at each (i, j) of C = A @ B^T from e2m1 codes and scale codes
+    (decoded by reference.formats), alpha: None, a number, a tensor broadcastable to [M, N],
+    or a list of them.  float32 [len(positions)]."""
+    from reference.gemm import get_preset
+    model = get_preset(model) if isinstance(model, str) else model
+    M, N = ac.shape[0], bc.shape[0]
+    ri = sorted({i for i, _ in positions})
+    ci = sorted({j for _, j in positions})
+    A, SA = _decode_rows(ac, "float4_e2m1fn", ri), _decode_rows(asc, sfmt, ri)
+    B, SB = _decode_rows(bc, "float4_e2m1fn", ci), _decode_rows(bsc, sfmt, ci)
+    al = None
+    if alpha is not None:
+        al = [torch.broadcast_to(torch.as_tensor(f, dtype=torch.float64).cpu(), (M, N))
+              for f in (alpha if isinstance(alpha, (list, tuple)) else [alpha])]
+    out = []
+    for i, j in positions:
+        kw = {"alpha": [float(f[i, j]) for f in al]} if al is not None else {}
+        out.append(float(dot(model, A[i], B[j], scales_a=SA[i], scales_b=SB[j], block=block, **kw)))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def check_sampled(got: torch.Tensor, want: torch.Tensor, positions, what: str = "") -> None:
+    """got [M, N] at ``positions`` == want, bit for bit (NaN as NaN, -0 by its bits)."""
+    idx = torch.tensor(positions, dtype=torch.int64)
+    g = got.detach().cpu()[idx[:, 0], idx[:, 1]]
+    if not same_bits(g, want):
+        bad = [(positions[k], float(g[k]), float(want[k])) for k in range(len(positions))
+               if not same_bits(g[k:k + 1], want[k:k + 1])]
+        raise AssertionError(f"{what}: {len(bad)} of {len(positions)} sampled outputs differ "
+                             f"from reference.gemm, e.g. {bad[:4]}")

@@ -99,3 +99,45 @@ def test_te_loader_does_not_run_pytorch_init():
     assert hasattr(m, "NVFP4QuantizerRef")
     pt = sys.modules["transformer_engine.pytorch"]
     assert not hasattr(pt, "Linear")  # the real __init__ would have defined the modules
+
+
+def test_independent_column_in_the_matrix(tmp_path):
+    """Every recipe profile gets an entry: the cells that agreed in this run, the test suite's
+    independent oracles, and the rules checked only against SPEC literals."""
+    from reference.recipes import RECIPE_PROFILES
+    out = tmp_path / "m.json"
+    assert C.main(["--out", str(out), "--cases", "2", "--cells", "*to_mx [FLOOR, float4_e2m1fn]*"]) == 0
+    col = {e["profile"]: e for e in json.loads(out.read_text())["independent"]}
+    assert set(col) == set(RECIPE_PROFILES)
+    assert set(C.INDEPENDENT_TESTS) == set(RECIPE_PROFILES)      # no profile left unlisted
+    floor = col["torchao_mx_floor"]
+    if tp.torchao_version():
+        assert any("to_mx [FLOOR" in i for i in floor["agreed_in_this_run"]), floor
+    assert col["ocp_mx_floor"]["agreed_in_this_run"] == []
+    assert col["ocp_mx_floor"]["spec_literals_only"]              # shown, not hidden
+    assert any("tests/independent" in t for t in col["ue5m3"]["test_suite"])
+    from reports.schema import validate_conformance
+    assert validate_conformance(json.loads(out.read_text())) == []
+
+
+def test_cells_matching_nothing_is_an_error(capsys, tmp_path):
+    assert C.main(["--out", str(tmp_path / "m.json"), "--cells", "typo*"]) == 2
+    err = capsys.readouterr().err
+    assert "--cells: 'typo*' matches no cell; valid choices" in err and "te_nvfp4_ref" in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_out_checked_writable_before_the_run(capsys, tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(C, "run_conformance", lambda *a, **k: ran.append(1) or [])
+    assert C.main(["--out", str(tmp_path), "--cells", "te_nvfp4"]) == 2      # a directory
+    assert "--out:" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert C.main(["--out", str(blocker / "m.json"), "--cells", "te_nvfp4"]) == 2
+    assert "is not writable" in capsys.readouterr().err
+    assert ran == []                                  # refused before any cell ran
+
+
+def test_default_output_under_reports():
+    assert C.DEFAULT_OUT.startswith("reports/") and C.DEFAULT_OUT.endswith(".json")

@@ -221,3 +221,94 @@ def test_gate_main_bad_inputs(tmp_path, base, capsys):
     nb2 = tmp_path / "baselines" / "new.json"
     assert gate_main(["--baseline", str(nb2), "--current", str(cur), "--accept"]) == 0
     assert load_report(nb2)["devices"] == load_report(cur)["devices"]
+
+
+# --- issue 15: like with like, conformance gating, file modes --------------------------------
+def test_other_gpu_is_refused_not_47_regressions(tmp_path, base, capsys):
+    b = write_json_atomic(tmp_path / "h200.json", base)
+    cpu = copy.deepcopy(base)
+    cpu["environment"].update(gpu=None, driver=None, cuda=None, torch="2.13.0+cpu")
+    for d in cpu["devices"]:
+        if d["kind"] == "cuda":
+            d.update(status="skipped", model=None, validation=None, error="no CUDA device")
+    c = write_json_atomic(tmp_path / "cpu.json", cpu)
+    assert gate_main(["--baseline", str(b), "--current", str(c)]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to compare reports from different hardware" in err
+    assert "GPU: baseline NVIDIA H200, current none (CPU only)" in err and "--allow-env-mismatch" in err
+    assert gate_main(["--baseline", str(b), "--current", str(c), "--allow-env-mismatch"]) == 1
+    out = capsys.readouterr().out
+    assert "[env] GPU: baseline NVIDIA H200" in out and "[env] torch: baseline 2.11.0+cu130, current 2.13.0+cpu" in out
+
+
+def test_software_versions_differ_warns_and_compares(base):
+    cur = copy.deepcopy(base)
+    cur["environment"]["libraries"]["triton"] = "3.7.0"
+    cur["environment"]["driver"] = "590.1"
+    res = gate(base, cur)
+    text = res.format()
+    assert res.ok and "[env] driver: baseline 580.65.06, current 590.1" in text
+    assert "[env] triton: baseline 3.6.0, current 3.7.0" in text
+
+
+def test_cpu_model_differs_only_matters_where_cpu_devices_ran(base):
+    b, c = copy.deepcopy(base), copy.deepcopy(base)
+    b["environment"]["extra"] = {"cpu_model": "Xeon A", "cpu_isa": ["avx2"]}
+    c["environment"]["extra"] = {"cpu_model": "EPYC B", "cpu_isa": ["avx2", "avx512f"]}
+    from reports.gate import environment_differences
+    hard, _ = environment_differences(normalize_report(b), normalize_report(c))
+    assert hard == ["CPU model: baseline Xeon A, current EPYC B",
+                    'CPU ISA extensions: baseline ["avx2"], current ["avx2", "avx512f"]']
+    for r in (b, c):
+        for d in r["devices"]:
+            if d["kind"] == "cpu":
+                d["status"] = "skipped"
+    assert environment_differences(normalize_report(b), normalize_report(c)) == ([], [])
+
+
+CONFORM = Path(__file__).resolve().parents[1] / "reports" / "baselines" / "conform-cpu.json"
+
+
+def test_conformance_json_can_be_gated(tmp_path, base, capsys):
+    conf = json.loads(CONFORM.read_text())
+    assert gate_main(["--baseline", str(CONFORM), "--current", str(CONFORM)]) == 0
+    worse = copy.deepcopy(conf)
+    c0 = worse["cells"][0]
+    c0.update(status="disagree", agree=c0["cases"] - 1, counterexample={"input": "0x3f800000"})
+    w = write_json_atomic(tmp_path / "conform.json", worse)
+    assert gate_main(["--baseline", str(CONFORM), "--current", str(w)]) == 1
+    assert "agree (124/124) -> disagree (123/124)" in capsys.readouterr().out
+    # a probe report gated together with a conformance JSON (--conformance)
+    with_conf = dict(copy.deepcopy(base), conformance=conf)
+    b = write_json_atomic(tmp_path / "b.json", with_conf)
+    c = write_json_atomic(tmp_path / "c.json", dict(copy.deepcopy(base), conformance=None))
+    assert gate_main(["--baseline", str(b), "--current", str(c)]) == 1
+    assert "conformance matrix missing" in capsys.readouterr().out
+    assert gate_main(["--baseline", str(b), "--current", str(c), "--conformance", str(CONFORM)]) == 0
+    assert gate_main(["--baseline", str(b), "--current", str(c), "--conformance", str(w)]) == 1
+
+
+def test_written_files_have_normal_modes(tmp_path, base):
+    mask = os.umask(0o022)
+    try:
+        p = write_json_atomic(tmp_path / "r.json", base)
+        from reports.schema import write_text_atomic
+        h = write_text_atomic(tmp_path / "r.html", "<html></html>")
+    finally:
+        os.umask(mask)
+    assert p.stat().st_mode & 0o777 == 0o644 and h.stat().st_mode & 0o777 == 0o644
+
+
+def test_legacy_unfinished_placeholder_kind_is_not_a_regression():
+    """Reports before 2026-12-01 stored a device unfinished at the time limit as kind cpu,
+    backend '?'; the same device finishing as cuda later is no 'kind changed' regression."""
+    from reports.gate import GateResult, _compare_device
+    b = dict(name="cuda-cublas-fp32", kind="cpu", backend="?", status="error", model=None,
+             validation=None, hardware_run=True)
+    c = dict(b, kind="cuda", backend="torch.mm fp32")
+    r = GateResult()
+    _compare_device(b, c, r)
+    assert not any("kind changed" in x for x in r.regressions)
+    r2 = GateResult()
+    _compare_device(dict(b, backend="torch.mm fp32"), c, r2)
+    assert any("kind changed" in x for x in r2.regressions)

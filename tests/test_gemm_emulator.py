@@ -258,3 +258,255 @@ def test_bad_input():
     with pytest.raises(ValueError, match="62"):
         emulate("exact", torch.full((1, 2), 1 + 2.0 ** -52, dtype=torch.float64),
                 torch.full((2, 1), 1 + 2.0 ** -40, dtype=torch.float64))
+
+
+# --- the Blackwell MMA family (issue 17): chain, exact runs, scale-exponent alignment --------
+# Oracles: reference.gemm.dot (exact, every output of small tiles) and reference.mma's
+# kind::mxf4nvf4 instruction chained along K here; never the emulator itself.
+import numpy as np  # noqa: E402
+
+from reference import mma as RM  # noqa: E402
+from reference.formats import get_format  # noqa: E402
+from reference.gemm import dot, get_preset  # noqa: E402
+from reference.rounding import Mode, encode  # noqa: E402
+
+_SCALE_FMT = {"nvfp4": ("ue4m3", 16), "mxfp4": ("float8_e8m0fnu", 32)}
+
+
+def _bw(recipe, **kw):
+    """blackwell_mxf4nvf4 with the recipe's scale format for the exponent rule."""
+    m = get_preset("blackwell_mxf4nvf4")
+    return m.replace(exp_formats=("float4_e2m1fn", "float4_e2m1fn", _SCALE_FMT[recipe][0]), **kw)
+
+
+def _family(recipe):
+    bw = _bw(recipe)
+    return [bw, bw.replace(split_k=2, lattice=Fraction(1, 1024)),
+            bw.replace(align_bits=25, align_mode=Mode.RNE, norm_mode=Mode.RNE, exact_group=32),
+            bw.replace(group_size=32, fma_width=32), bw.replace(align_ref=AlignRef.VALUE, align_bits=13),
+            bw.replace(align_ref=AlignRef.EXPONENT_SUM), bw.replace(norm_mode=Mode.RUP, output="bfloat16"),
+            get_preset("blackwell_mxf8f6f4").replace(exp_formats=bw.exp_formats)]
+
+
+def _codes(g, recipe, M, N, K):
+    """Random e2m1 codes (zero blocks of 16, groups that cancel exactly, -0) and raw scale
+    bytes of every value (NaN, zero, subnormal ue4m3; e8m0 up to 2^127: overflow)."""
+    a, b = g.integers(0, 16, (M, K)), g.integers(0, 16, (K, N))
+    for k0 in range(0, K, 16):
+        r = g.random()
+        if r < 0.15:
+            a[:, k0:k0 + 16] = g.choice([0, 8], (M, 16))        # +-0 only
+        elif r < 0.35:                                            # the group sums to 0
+            a[:, k0 + 8:k0 + 16] = a[:, k0:k0 + 8] ^ 8
+            b[k0 + 8:k0 + 16] = b[k0:k0 + 8]
+    blk = _SCALE_FMT[recipe][1]
+    lo = 0 if g.random() < 0.5 else (0x30 if recipe == "nvfp4" else 110)
+    hi = 256 if lo == 0 else (0x48 if recipe == "nvfp4" else 140)
+    sa, sb = g.integers(lo, hi, (M, K // blk)), g.integers(lo, hi, (K // blk, N))
+    return a, b, sa, sb
+
+
+def _decode(codes, fmt, mask=0xFF):
+    spec = get_format(fmt)
+    table = [spec.decode(c & mask) for c in range(256 if fmt != "float4_e2m1fn" else 16)]
+    val = [math.nan if x.is_nan else float(-x.mag if x.negative else x.mag) if x.is_finite
+           else math.copysign(math.inf, -1 if x.negative else 1) for x in table]
+    # -0 by its sign (float(-Fraction(0)) is +0)
+    val = [math.copysign(0.0, -1) if (x.is_finite and x.mag == 0 and x.negative) else v
+           for x, v in zip(table, val)]
+    return torch.tensor(val, dtype=torch.float32)[torch.as_tensor(codes, dtype=torch.int64)]
+
+
+def _values(recipe, a, b, sa, sb):
+    sf = _SCALE_FMT[recipe][0]
+    mask = 0x7F if sf == "ue4m3" else 0xFF   # the MMA reads ue4m3 bytes without the sign bit
+    return (_decode(a, "float4_e2m1fn"), _decode(b, "float4_e2m1fn"), _decode(sa, sf, mask),
+            _decode(sb, sf, mask))
+
+
+def _ref_all(model, A, B, SA, SB, block, alpha=None):
+    M, N = A.shape[0], B.shape[1]
+    out = torch.empty(M, N, dtype=torch.float32)
+    for i in range(M):
+        for j in range(N):
+            kw = {} if alpha is None else {"alpha": alpha}
+            out[i, j] = float(dot(model, A[i].tolist(), B[:, j].tolist(), scales_a=SA[i].tolist(),
+                                  scales_b=SB[:, j].tolist(), block=block, **kw))
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("K", [64, 128, 192])
+def test_family_block_scaled_random(recipe, K):
+    """7 x 5 x K tiles, every output against reference.gemm.dot, both engine paths."""
+    g = np.random.default_rng(K + len(recipe))
+    blk = _SCALE_FMT[recipe][1]
+    for t, model in enumerate(_family(recipe)):
+        A, B, SA, SB = _values(recipe, *_codes(g, recipe, 7, 5, K))
+        alpha = [0.75, 2.0 ** -3] if t % 3 == 1 else None
+        want = _ref_all(model, A, B, SA, SB, blk, alpha)
+        for p in ("auto", "generic"):
+            got = emulate(model, A, B, scales_a=SA, scales_b=SB, block=blk, alpha=alpha, _paths=p)
+            assert same_bits(got, want), f"{recipe} K={K} {model.describe()} {p}: {mismatch(got, want)}"
+
+
+def _f32_bits(y: torch.Tensor) -> list[list[int]]:
+    """FP32 bit patterns, NaN as -1."""
+    bits = y.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return torch.where(torch.isnan(y), -1, bits).tolist()
+
+
+@pytest.mark.parametrize("sf,blk", [("ue4m3", 16), ("ue8m0", 32), ("ue8m0", 16)])
+@pytest.mark.parametrize("K", [64, 128, 192])
+def test_chain_equals_reference_mma(sf, blk, K):
+    """blackwell_mxf4nvf4 on random bytes == reference.mma kind::mxf4nvf4 chained along K
+    from C = +0 (the instruction-level model, separate code), every output of 7 x 5."""
+    g = np.random.default_rng(K * blk + len(sf))
+    recipe = "nvfp4" if sf == "ue4m3" else "mxfp4"
+    a, b, sa, sb = _codes(g, recipe, 7, 5, K)
+    sa, sb = g.integers(0, 256, (7, K // blk)), g.integers(0, 256, (K // blk, 5))
+    if g.random() < 0.5:   # no NaN scale: the chain's arithmetic shows everywhere
+        sa, sb = np.where(sa & 0x7F == 0x7F, 0x38, sa), np.where(sb & 0x7F == 0x7F, 0x38, sb)
+        if sf == "ue8m0":
+            sa, sb = np.where(sa == 255, 127, sa), np.where(sb == 255, 127, sb)
+    c = [[0] * 5 for _ in range(7)]
+    for k0 in range(0, K, 64):
+        j0, j1 = k0 // blk, (k0 + 64) // blk
+        c = RM.mma("mxf4nvf4", a[:, k0:k0 + 64].tolist(), b[k0:k0 + 64].tolist(), c,
+                   sa[:, j0:j1].tolist(), sb[j0:j1].tolist(), scale_format=sf, block=blk)
+    want = [[-1 if (x & 0x7FFFFFFF) > 0x7F800000 else x for x in row] for row in c]
+    recipe_fmt = "ue4m3" if sf == "ue4m3" else "float8_e8m0fnu"
+    model = get_preset("blackwell_mxf4nvf4").replace(
+        exp_formats=("float4_e2m1fn", "float4_e2m1fn", recipe_fmt))
+    A, B = _decode(a, "float4_e2m1fn"), _decode(b, "float4_e2m1fn")
+    mask = 0x7F if sf == "ue4m3" else 0xFF
+    got = emulate(model, A, B, scales_a=_decode(sa, recipe_fmt, mask),
+                  scales_b=_decode(sb, recipe_fmt, mask), block=blk)
+    assert _f32_bits(got) == want, f"{sf} block {blk} K={K}"
+
+
+def test_family_literals():
+    """Issue 17's discriminating operands, worked by hand (NVFP4, scales 1 unless given)."""
+    bw = _bw("nvfp4")
+
+    def one(terms, model=bw, K=64):
+        """terms: (k, a, b, sa, sb): a[k]*b[k] with the scales of k's block."""
+        a, b = torch.zeros(1, K), torch.zeros(K, 1)
+        sa, sb = torch.ones(1, K // 16), torch.ones(K // 16, 1)
+        for k, x, y, s, u in terms:
+            a[0, k], b[k, 0], sa[0, k // 16], sb[k // 16, 0] = x, y, s, u
+        want = float(dot(model, a[0].tolist(), b[:, 0].tolist(), scales_a=sa[0].tolist(),
+                         scales_b=sb[:, 0].tolist(), block=16))
+        got = emulate(model, a, b, scales_a=sa, scales_b=sb, block=16)
+        assert same_bits(got, torch.tensor([[want]])), (terms, float(got), want)
+        return got
+    # +7,225,344 (6*6*448*448), -7,225,344 and 0.5*0.5 * 2^-9 * 2^-9 = 2^-20: the scale
+    # exponent sum 16 sets the step to 2^-19, so 2^-20 is truncated: 0
+    big = [(0, 6.0, 6.0, 448.0, 448.0), (16, -6.0, 6.0, 448.0, 448.0), (32, 0.5, 0.5, 2.0 ** -9, 2.0 ** -9)]
+    assert float(one(big)) == 0.0
+    # every product exact (no alignment): 2^-20
+    assert float(one(big, bw.replace(align_bits=None))) == 2.0 ** -20
+    # C = 32 (instruction 1) plus 1.5*0.5 * 2^-9 * 2^-9 = 0.75 ulp of 32: RZ keeps 32, RNE
+    # normalization gives 32 + 2^-18
+    chain = [(0, 4.0, 4.0, 1.0, 1.0), (1, 4.0, 4.0, 1.0, 1.0), (64, 1.5, 0.5, 2.0 ** -9, 2.0 ** -9)]
+    assert float(one(chain, K=128)) == 32.0
+    assert float(one(chain, bw.replace(norm_mode=Mode.RNE), K=128)) == 32 + 2.0 ** -18
+    # -0 products only: the chain starts at +0, so +0
+    got = one([(k, -0.0, 0.5, 1.0, 1.0) for k in range(64)])
+    assert got.view(torch.int32).item() == 0
+    # 6*6 * 2^127 * 2^127 (e8m0 scales): beyond FP32, +Inf (RZ would give the max finite)
+    mx = _bw("mxfp4")
+    got = emulate(mx, torch.tensor([[6.0] + [0.0] * 63]), torch.tensor([[6.0]] + [[0.0]] * 63),
+                  scales_a=torch.tensor([[2.0 ** 127, 1.0]]), scales_b=torch.tensor([[2.0 ** 127], [1.0]]),
+                  block=32)
+    assert float(got) == math.inf
+
+
+def test_family_nan_scale_rows_and_columns():
+    """A NaN scale in a zero-data block makes its row (scales_a) or column (scales_b) NaN and
+    leaves the others alone (emulator pre-pass vs the reference on every output)."""
+    A, B = torch.full((3, 64), 0.5), torch.full((64, 4), 2.0)
+    A[0, :16] = 0.0
+    SA, SB = torch.ones(3, 4), torch.ones(4, 4)
+    SA[0, 0] = math.nan
+    SB[2, 3] = math.nan
+    bw = _bw("nvfp4")
+    got = emulate(bw, A, B, scales_a=SA, scales_b=SB, block=16)
+    assert same_bits(got, _ref_all(bw, A, B, SA, SB, 16))
+    assert torch.isnan(got[0]).all() and torch.isnan(got[:, 3]).all() and float(got[1, 0]) == 64.0
+
+
+def test_family_wide_exact_runs_fall_back_to_reference(monkeypatch):
+    """Exact runs of unscaled fp32 products 2^100 and 2^-100 need ~200 bits: those outputs
+    are computed by reference.gemm.dot (and only those)."""
+    import fp4ref.gemm as FG
+    calls = []
+    real = FG._reference_outputs
+    monkeypatch.setattr(FG, "_reference_outputs", lambda *a: calls.append(len(a[-1])) or real(*a))
+    model = GemmModel(fma_width=8, group_size=8, chain=True, exact_group=4, align_bits=25,
+                      align_mode=Mode.RTZ, align_ref=AlignRef.SCALE_EXPONENT_SUM, norm_mode=Mode.RTZ,
+                      overflow_inf=True)
+    a = torch.tensor([[2.0 ** 100, 2.0 ** -100, 1.0, -3.0] * 4, [1.0, 2.0, 3.0, 4.0] * 4])
+    b = torch.tensor([[1.0, 1.0]] * 16)
+    for p in ("auto", "generic", "limbs"):
+        calls.clear()
+        got = emulate(model, a, b, _paths=p)
+        assert same_bits(got, ref_matmul(model, a, b)), p
+        assert calls == [2], (p, calls)   # row 0, both columns
+
+
+@st.composite
+def mma_family_point(draw):
+    """gemm_models() points with the family fields drawn on top (valid combinations)."""
+    from .gemm_helpers import gemm_models
+    blocked = draw(st.booleans())
+    model = draw(gemm_models(blocked))
+    chain = draw(st.booleans())
+    E = draw(st.sampled_from((None, 1, 2, 4, 16)))
+    G = model.group_size or draw(st.sampled_from((4, 8, 16, 32)))
+    ref = draw(st.sampled_from((AlignRef.SCALE_EXPONENT_SUM, AlignRef.SCALE_EXPONENT_SUM, model.align_ref)))
+    ef = draw(st.sampled_from((None, ("float32",) * 3, ("bfloat16", "bfloat16", "float32"),
+                               ("float4_e2m1fn", "float4_e2m1fn", "ue4m3"))))
+    model = model.replace(chain=chain, exact_group=E, align_ref=ref, exp_formats=ef,
+                          overflow_inf=draw(st.booleans()), group_size=G if chain else model.group_size,
+                          scale_point=ScalePoint.PRODUCT if (chain or E) else model.scale_point)
+    a, b, kw = draw(problem(blocked=blocked, kmax=64))
+    K = a.shape[1]
+    if blocked and model.scale_point is ScalePoint.GROUP:
+        model = model.replace(group_size=kw["block"])
+    from reference.gemm import split_bounds
+    if ((model.split_tile is None and K % model.split_k)
+            or (blocked and any(lo % kw["block"] for lo, _ in split_bounds(model, K)))):
+        model = model.replace(split_k=1, split_tile=None)
+    return model, a, b, kw
+
+
+@_slow
+@given(mma_family_point())
+def test_mma_family_points(pt):
+    model, a, b, kw = pt
+    _check(model, a, b, paths=("auto", "generic", "limbs"), **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4"])
+def test_family_cuda_equals_reference(recipe):
+    """CUDA tensors: blackwell_mxf4nvf4 on 192 x 160 x 512 == reference.gemm.dot on sampled
+    outputs (and the CPU run on every output)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from .gemm_helpers import sample_positions
+    g = np.random.default_rng(5)
+    blk = _SCALE_FMT[recipe][1]
+    A, B, SA, SB = _values(recipe, *_codes(g, recipe, 192, 160, 512))
+    model = _bw(recipe)
+    got = emulate(model, A.cuda(), B.cuda(), scales_a=SA.cuda(), scales_b=SB.cuda(), block=blk,
+                  alpha=[0.75]).cpu()
+    pos = sample_positions(192, 160, 48, 1)
+    want = torch.tensor([float(dot(model, A[i].tolist(), B[:, j].tolist(), scales_a=SA[i].tolist(),
+                                   scales_b=SB[:, j].tolist(), block=blk, alpha=[0.75]))
+                         for i, j in pos], dtype=torch.float32)
+    idx = torch.tensor(pos)
+    assert same_bits(got[idx[:, 0], idx[:, 1]], want), recipe
+    cpu = emulate(model, A, B, scales_a=SA, scales_b=SB, block=blk, alpha=[0.75])
+    assert same_bits(got, cpu), recipe

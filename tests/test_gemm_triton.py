@@ -1,26 +1,28 @@
-"""fp4ref.gemm_triton.blockscaled_mm == fp4ref.gemm.emulate (== reference.gemm), bit for bit.
+"""fp4ref.gemm_triton.blockscaled_mm == reference.gemm (the exact reference, decoded by
+reference.formats), bit for bit, on sampled outputs.  Not fp4ref.gemm.emulate: blockscaled_mm
+computes its FIX tiles and special rows with emulate, so comparing with it would check the
+emulator against itself there.  Each test also asserts which routes (PAIR / BLOCK / FIX tiles,
+``route_stats``) it exercised, forced (``force=``) or chosen by the routing.
 
-Without CUDA the kernels run in the Triton interpreter on small shapes (logic only: the
-interpreter's dots are numpy). On a GPU (marker gpu):
+Without CUDA the kernels run in the Triton interpreter (logic only: the interpreter's dots are
+numpy), in a process of their own (tests/test_interpreter.py; marker triton_interpret).  On a
+GPU (marker gpu):
     python -m pytest -q -m gpu tests/test_gemm_triton.py
 runs 4096^3 random and adversarial operands on the compiled kernels."""
 from __future__ import annotations
 
 import math
-import os
+import zlib
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # logic tests through the interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 triton = pytest.importorskip("triton")
 
 from fp4ref import gemm_triton as GT  # noqa: E402
-from fp4ref.gemm import emulate  # noqa: E402
+from reference.formats import get_format  # noqa: E402
 
-from .gemm_helpers import mismatch, same_bits  # noqa: E402
+from .gemm_helpers import check_sampled, ref_blockscaled, same_bits, sample_positions  # noqa: E402
 
 MODELS = ("probe_matched", "probe_matched_lattice", "decoded_fp32")
 BLOCK = {"nvfp4": 16, "ue5m3": 16, "mxfp4": 32}
@@ -58,32 +60,39 @@ def _operands(M, N, K, fmt, kind, seed, device="cpu", block=None):
     return [t.to(device) for t in (ac, asc, bc, bsc)], [0.75, 2.0 ** -7]
 
 
-SAMPLE = 384  # large GEMMs: the kernel computes everything, the exact emulator checks a
-#              random SAMPLE x SAMPLE grid of outputs (rows/cols spread over all tiles)
+def _special_rows(sc: torch.Tensor, sfmt: str) -> list[int]:
+    """Rows holding a NaN or inf scale code (the exact fix-up's special rows)."""
+    spec = get_format(sfmt)
+    bad = torch.tensor([not spec.decode(c).is_finite for c in range(spec.ncodes)] +
+                       [False] * (256 - spec.ncodes))
+    return bad[sc.cpu().long()].any(1).nonzero().squeeze(1).tolist()
 
 
-def _check(ops, alpha, fmt, model, block=None, **kw):
+def _check(ops, alpha, fmt, model, block=None, n=None, **kw):
+    """blockscaled_mm vs reference.gemm.dot at n sampled outputs (default: about 8192
+    reference products per call, 24 to 96 outputs), plus one on each special row / column."""
     ac, asc, bc, bsc = ops
     blk = block or BLOCK[fmt]
+    sfmt = kw.get("scale_fmt") or GT.FORMATS[fmt][0]
     got = GT.blockscaled_mm(ac, asc, bc, bsc, fmt=fmt, model=model, alpha=alpha, block=blk, **kw)
     M, N = got.shape
-    rows = cols = None
-    if M * N > SAMPLE * SAMPLE * 4:
-        g = torch.Generator().manual_seed(M * 7 + N)
-        rows = torch.randperm(M, generator=g)[:SAMPLE].sort().values.to(ac.device)
-        cols = torch.randperm(N, generator=g)[:SAMPLE].sort().values.to(ac.device)
-        ac, asc, bc, bsc = ac[rows], asc[rows], bc[cols], bsc[cols]
-        got = got[rows][:, cols]
-        alpha = [a[rows] if torch.is_tensor(a) and a.dim() == 2 and a.shape[0] == M else a
-                 for a in alpha] if isinstance(alpha, list) else alpha
-    av, sav = GT.decode_operand(ac, asc, fmt, block=blk)
-    bv, sbv = GT.decode_operand(bc, bsc, fmt, block=blk)
-    want = emulate(model, av, bv.t(), scales_a=sav, scales_b=sbv.t(), block=blk, alpha=alpha)
-    assert same_bits(got, want), f"{fmt} {model} {kw}: {mismatch(got, want)}"
+    K = asc.shape[1] * blk
+    n = n or max(24, min(96, 8192 // K))
+    pos = sample_positions(M, N, n, seed=zlib.crc32(repr((M, N, K, fmt, model, kw)).encode()),
+                           rows=_special_rows(asc, sfmt)[:8], cols=_special_rows(bsc, sfmt)[:8])
+    want = ref_blockscaled(model, ac, asc, bc, bsc, sfmt, blk, alpha, pos)
+    check_sampled(got, want, pos, f"{fmt} {model} {kw}")
+
+
+def _routes(ops, fmt, tile, block=None) -> dict:
+    """Share of output tiles per route as the routing picks them (before any force)."""
+    return GT.route_stats(*ops, fmt=fmt, block=block or BLOCK[fmt], tile=tile)
 
 
 # ---------------------------------------------------------------- interpreter / any device
-interp = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run without CUDA")
+def interp(f):
+    f = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run without CUDA")(f)
+    return pytest.mark.triton_interpret(f)
 
 
 @interp
@@ -91,12 +100,32 @@ interp = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests
 @pytest.mark.parametrize("kind", ["random", "wide", "narrow", "outliers"])
 def test_interpreter_paths(fmt, kind):
     M, N, K = 40, 36, 208 if fmt != "mxfp4" else 224   # ragged tiles, a partial last group
-    ops, alpha = _operands(M, N, K, fmt, kind, seed=hash((fmt, kind)) % 1000)
+    ops, alpha = _operands(M, N, K, fmt, kind, seed=zlib.crc32(f"{fmt}/{kind}".encode()) % 1000)
+    r = _routes(ops, fmt, (32, 32))
+    if kind == "wide":   # every finite scale code: the tiles go to the exact fix-up
+        assert r["fix"] > 0, r
+    elif kind in ("random", "narrow"):
+        assert r["pair"] > 0, r
     for model in MODELS:
         _check(ops, alpha, fmt, model)
     if fmt != "mxfp4":
-        _check(ops, alpha, fmt, "probe_matched", force="block")
+        _check(ops, alpha, fmt, "probe_matched", force="block")   # PAIR tiles -> BLOCK kernel
         _check(ops, None, fmt, "probe_matched_lattice", force="fix")
+        _check(ops, alpha, fmt, "probe_matched", force="pair")    # = the routing's choice
+    else:
+        _check(ops, alpha, fmt, "probe_matched", force="fix")
+
+
+@interp
+@pytest.mark.parametrize("fmt", ["nvfp4", "ue5m3"])
+def test_interpreter_block_path_share(fmt):
+    """The BLOCK kernel really runs: with force="block" every PAIR tile goes to it, so its
+    share is the routing's pair + block share, asserted large; checked on many outputs."""
+    ops, alpha = _operands(64, 64, 256, fmt, "narrow", seed=21)
+    r = _routes(ops, fmt, (32, 32))
+    assert r["pair"] + r["block"] >= 0.75, r
+    _check(ops, alpha, fmt, "probe_matched", force="block", n=96)
+    _check(ops, None, fmt, "probe_matched_lattice", force="block", n=48)
 
 
 @interp
@@ -139,13 +168,11 @@ def _mixed_routes(fmt):
 @pytest.mark.parametrize("fmt", ["nvfp4", "ue5m3"])
 def test_interpreter_mixed_routes(fmt):
     ac, asc, bc, bsc = _mixed_routes(fmt)
-    sfmt = GT.FORMATS[fmt][0]
-    A, B = GT._prep("a", ac, asc, sfmt, 16), GT._prep("b", bc, bsc, sfmt, 16)
-    mode = GT._route(A, B, 16, 32, 32)[0]
-    assert set(mode.unique().tolist()) == {GT._PAIR, GT._BLOCK, GT._FIX}
+    r = _routes([ac, asc, bc, bsc], fmt, (32, 32))
+    assert r["pair"] > 0 and r["block"] > 0 and r["fix"] > 0, r   # all three, unforced
     alpha = [torch.tensor(0.75), 2.0 ** -7]   # a tensor factor: read back with the routing
     for model in ("probe_matched", "probe_matched_lattice"):
-        _check([ac, asc, bc, bsc], alpha, fmt, model, tile=(32, 32))
+        _check([ac, asc, bc, bsc], alpha, fmt, model, tile=(32, 32), n=96)
     asc[5, 3] = {"nvfp4": 0x7F, "ue5m3": 0xFC}[fmt]   # NaN scale: a special row as well
     _check([ac, asc, bc, bsc], alpha, fmt, "probe_matched", tile=(32, 32))
 
@@ -215,7 +242,9 @@ def test_bad_input():
 
 
 # ---------------------------------------------------------------- GPU (compiled kernels)
+# The reference costs about 1 ms per K = 64 output: 64 sampled outputs at K = 4096 take ~4 s.
 gpu = pytest.mark.gpu
+NG = 24   # sampled outputs per check at K = 4096 (the exact reference: ~60 ms each there)
 
 
 @gpu
@@ -224,28 +253,55 @@ gpu = pytest.mark.gpu
 def test_gpu_4096(fmt, kind):
     S = 4096
     ops, alpha = _operands(S, S, S, fmt, kind, seed=11, device="cuda")
+    r = _routes(ops, fmt, (128, 128))
+    if kind != "outliers":
+        assert r["pair"] > 0.5, r
     for model in MODELS:
-        _check(ops, alpha, fmt, model)
+        _check(ops, alpha, fmt, model, n=NG)
 
 
 @gpu
 @pytest.mark.parametrize("fmt", list(GT.FORMATS))
 def test_gpu_wide_scales(fmt):
-    """Every finite scale code: extreme spreads, zero and subnormal scales (block / fixup
-    tiles; the exact reference side is slow here, hence 2048)."""
+    """Every finite scale code: extreme spreads, zero and subnormal scales (the tiles go to the
+    exact fix-up, asserted; the reference, not the fix-up's emulator, is the oracle)."""
     ops, alpha = _operands(2048, 2048, 2048, fmt, "wide", seed=13, device="cuda")
+    assert _routes(ops, fmt, (128, 128))["fix"] > 0
     for model in MODELS:
-        _check(ops, alpha, fmt, model)
+        _check(ops, alpha, fmt, model, n=NG)
 
 
 @gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "ue5m3"])
-@pytest.mark.parametrize("kind", ["random", "wide"])
+@pytest.mark.parametrize("kind", ["random", "narrow", "wide"])
 def test_gpu_forced_paths_and_rz(fmt, kind):
+    """Forced BLOCK (every PAIR tile to the block kernel: its share asserted), forced FIX, the
+    TwoSum RZ add and 64x64 tiles, each against the reference."""
     ops, alpha = _operands(1024, 768, 2048 + 80, fmt, kind, seed=5, device="cuda")
-    _check(ops, alpha, fmt, "probe_matched", force="block")
-    _check(ops, alpha, fmt, "probe_matched", rz="twosum")
-    _check(ops, alpha, fmt, "probe_matched_lattice", tile=(64, 64))
+    r = _routes(ops, fmt, (128, 128))
+    if kind != "wide":
+        assert r["pair"] + r["block"] > 0.5, r     # the BLOCK kernel's share under force
+    _check(ops, alpha, fmt, "probe_matched", force="block", n=NG)
+    _check(ops, alpha, fmt, "probe_matched_lattice", force="block", n=NG)
+    _check(ops, alpha, fmt, "probe_matched", force="fix", n=32)
+    _check(ops, alpha, fmt, "probe_matched", rz="twosum", n=NG)
+    _check(ops, alpha, fmt, "probe_matched_lattice", tile=(64, 64), n=NG)
+
+
+@gpu
+def test_gpu_mixed_routes():
+    """PAIR, BLOCK and FIX tiles in one GEMM, unforced, at the GPU's 128x128 tiles."""
+    for fmt in ("nvfp4", "ue5m3"):
+        parts = [_operands(384, 384, 1024, fmt, k, s, device="cuda")[0]
+                 for k, s in (("random", 1), ("outliers", 0), ("wide", 0))]
+        ops = [t.clone() for t in parts[0]]
+        for src, sl in ((parts[1], slice(128, 256)), (parts[2], slice(256, None))):
+            for t, u in zip(ops, src):
+                t[sl] = u[sl]
+        r = _routes(ops, fmt, (128, 128))
+        assert r["pair"] > 0 and r["fix"] > 0, r
+        for model in ("probe_matched", "probe_matched_lattice"):
+            _check(ops, [torch.tensor(0.75), 2.0 ** -7], fmt, model, n=NG)
 
 
 @gpu
@@ -259,6 +315,6 @@ def test_gpu_specials_and_odd_shapes():
         if fmt == "ue5m3":
             asc[9, 1] = 0xF8  # inf scale
         for model in MODELS:
-            _check([ac, asc, bc, bsc], alpha, fmt, model)
+            _check([ac, asc, bc, bsc], alpha, fmt, model, n=NG)
     ops, alpha = _operands(300, 200, 512, "ue5m3", "random", 2, device="cuda", block=32)
-    _check(ops, alpha, "ue5m3", "probe_matched", block=32)
+    _check(ops, alpha, "ue5m3", "probe_matched", block=32, n=NG)

@@ -9,7 +9,7 @@ from probes.sim import Operands
 def test_capabilities_reject_bad_values():
     with pytest.raises(ValueError, match="alpha"):
         Capabilities("bfloat16", "bfloat16", alpha="columnwise")
-    with pytest.raises(ValueError, match="fmt"):
+    with pytest.raises(ValueError, match="a_format: unknown value 'bfloat17'"):
         Capabilities("bfloat17", "bfloat16")
     with pytest.raises(ValueError, match="block"):
         Capabilities("float4_e2m1fn", "float4_e2m1fn", block=16)

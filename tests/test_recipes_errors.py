@@ -88,7 +88,7 @@ def test_bad_tensors_reference(bad, exc, match):
 def test_backend_choice():
     with pytest.raises(ValueError, match="backend: unknown value 'cuda'"):
         fq(torch.ones(1, 16), "te_nvfp4", backend="cuda")
-    # (test_gemm_triton sets TRITON_INTERPRET=1 process-wide, which makes Triton usable on CPU)
+    # (only an interpreter process, tests/test_interpreter.py, has TRITON_INTERPRET=1)
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         with pytest.raises(ValueError, match="backend: triton needs"):
             fq(torch.ones(1, 16), "te_nvfp4", backend="triton")

@@ -381,8 +381,11 @@ def test_pytest_option_html_and_bad_path(tmp_path):
 
 
 def test_conftest_registers_plugin():
-    lines = (ROOT / "conftest.py").read_text().splitlines()
-    assert lines.count('pytest_plugins = ["reports.pytest_plugin"]') == 1
+    import ast
+    tree = ast.parse((ROOT / "conftest.py").read_text())
+    plugins = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+               and any(getattr(t, "id", None) == "pytest_plugins" for t in n.targets)]
+    assert len(plugins) == 1 and plugins[0].count("reports.pytest_plugin") == 1
 
 
 def test_writer_flow_with_numpy_fraction_enum(tmp_path):

@@ -108,11 +108,14 @@ def _hostile_report(sample: dict) -> dict:
 def test_sample_page_content(sample):
     html = render_html(sample)
     assert html.startswith("<!DOCTYPE html>")
-    assert html.count('class="device-card') == 6
-    assert html.count('class="model-card"') == 6
+    # the skipped (unavailable) blackwell-only device is listed compactly, not as a card, and
+    # the banner counts only the devices that ran (issue 15)
+    assert html.count('class="device-card') == 5
+    assert html.count('class="model-card"') == 5
     assert html.count('id="banner-not-hardware"') == 1
-    assert html.count("Not run on real hardware.") == 3  # virtual, blackwell-only, TE error
-    assert "3 of 6 devices were not run on real hardware" in html
+    assert html.count("Not run on real hardware.") == 2  # virtual, TE error
+    assert "2 of the 5 devices that ran were not run on real hardware" in html
+    assert 'id="unavailable">Not available on this machine (1): ' in html
     # model card in words (cuBLAS-like device)
     for words in ["16 products plus the running accumulator are added in one fused step",
                   "keeping 26 (23+3) fraction bits", "truncated, i.e. rounded toward zero (RTZ)",
@@ -226,7 +229,7 @@ def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 def test_chromium_renders_sample(tmp_path, sample):
     page = write_html(sample, tmp_path / "sample_report.html")
     dom = _chromium(["--dump-dom", page.as_uri()], tmp_path).stdout
-    assert dom.count('class="device-card') == 6
+    assert dom.count('class="device-card') == 5   # the skipped device is one compact line, not a card
     assert 'class="model-card"' in dom and 'class="mismatch-table"' in dom
     assert dom.count('<svg class="plot"') == 4 and "<polyline" in dom and '<rect class="bar"' in dom
     assert 'id="conformance"' in dom and 'id="banner-not-hardware"' in dom and 'id="environment"' in dom
@@ -243,3 +246,22 @@ def test_chromium_runs_no_injected_markup(tmp_path, sample):
     assert 'class="mismatch-table"' in dom  # the page rendered
     assert "<script" not in dom and "<img" not in dom and "<iframe" not in dom
     assert dom.count("<style>") == 1
+
+
+def test_conformance_independent_column_rendered(sample):
+    """The matrix's per-profile independent checks (fp4ref.conform.independent_column) are
+    shown, SPEC-literal-only rules included; a matrix without the column renders as before."""
+    r = copy.deepcopy(sample)
+    if not r.get("conformance"):
+        pytest.skip("sample report has no conformance matrix")
+    r["conformance"]["independent"] = [
+        {"profile": "ocp_mx_floor", "agreed_in_this_run": [], "test_suite": ["gfloat <casts>"],
+         "spec_literals_only": ["OCP MX shared-scale rule: SPEC literals only"]},
+        {"profile": "torchao_mx_floor", "agreed_in_this_run": ["torchao 0.18.0 to_mx [FLOOR]"],
+         "test_suite": [], "spec_literals_only": []}]
+    html = render_html(r)
+    assert 'id="independent-checks"' in html
+    assert "OCP MX shared-scale rule: SPEC literals only" in html
+    assert "torchao 0.18.0 to_mx [FLOOR]" in html and "gfloat &lt;casts&gt;" in html
+    del r["conformance"]["independent"]
+    assert 'id="independent-checks"' not in render_html(r)

@@ -3,15 +3,12 @@
 amax = 0, tiny, huge, inf and NaN.  Without CUDA: the Triton interpreter."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 triton = pytest.importorskip("triton")
+# without CUDA: run in a process of its own under TRITON_INTERPRET=1 (tests/test_interpreter.py)
+pytestmark = pytest.mark.triton_interpret
 
 from fp4ref.quant import nvfp4 as FN  # noqa: E402
 from fp4ref.quant import triton_quant as TQ  # noqa: E402

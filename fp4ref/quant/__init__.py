@@ -13,10 +13,30 @@ __all__ = ["quantize", "BlockScaledTensor", "RECIPE_PROFILES", "RecipeProfile", 
            "profile_names", "to_swizzled", "from_swizzled", "pack_codes", "unpack_codes"]
 
 
+_MODS: list = []
+
+
+def _modules():
+    """The recipe modules, imported on first use and then held (no import machinery per
+    call: the fused Triton paths are launch-bound)."""
+    if not _MODS:
+        from . import fusion, mx, nvfp4, quartet, ue5m3
+        _MODS.append((fusion, mx, nvfp4, quartet, ue5m3))
+    return _MODS[0]
+
+
 def quantize(x, profile, **kw) -> BlockScaledTensor:
-    """Run any profile (keywords as its family's ``quantize``; mx: ``elem_fmt``)."""
-    from . import fusion, mx, nvfp4, quartet, ue5m3
-    p = get_profile(profile)
+    """Run any profile (keywords as its family's ``quantize``; mx: ``elem_fmt``).
+
+    Where a fused Triton kernel applies (CUDA; ``backend="triton"`` or the default "auto"):
+    te_nvfp4 / ue5m3 1x16 RNE rowwise and ocp_mx_floor MXFP4, the call is that kernel (plus
+    torch's max|x| for current scaling) with no host sync, and the codes stay packed until
+    ``.codes`` is read (``.packed()`` is the kernel's buffer)."""
+    fusion, mx, nvfp4, quartet, ue5m3 = _modules()
+    # a plain name: one dict lookup (get_profile's check lists every name, ~1 us per call)
+    p = RECIPE_PROFILES.get(profile) if type(profile) is str else None
+    if p is None:
+        p = get_profile(profile)
     if p.family == "fp8_scaling":
         raise ValueError(f"profile: {p.name!r} is a tensor-scale rule, not a quantizer; use "
                          "fp4ref.quant.scaling")

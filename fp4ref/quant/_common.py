@@ -1,12 +1,17 @@
 """Argument checking and small helpers shared by the fast quantizers."""
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
 from reference.exact import exact
 from reference.recipes import f32 as F
+from reference.rounding import Mode, parse_mode
 
-__all__ = ["check_input", "f32_scalar", "pad2d", "check_rbits", "FLT_MAX"]
+__all__ = ["check_input", "f32_scalar", "pad2d", "check_rbits", "FLT_MAX", "mode_arg", "tq",
+           "cached_plan"]
 
 FLT_MAX = float(F.F32.max_finite)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -36,10 +41,20 @@ def f32_scalar(v, device, name: str = "value") -> torch.Tensor:
             return v.reshape(()).to(device)
         v = v.reshape(()).to(torch.float64).item()
     try:
-        e = F.f32(exact(v))
+        f = _f32_cached(v, math.copysign(1.0, v)) if type(v) in (int, float) else \
+            float(F.f32(exact(v)))
     except TypeError:
         raise TypeError(f"{name}: {v!r} is not a number") from None
-    return torch.tensor(float(e), dtype=torch.float32, device=device)
+    # torch.full passes the value to a fill kernel: no host-to-device copy, so no host sync
+    # (torch.tensor(v, device="cuda") copies from pageable memory and waits for the stream)
+    return torch.full((), f, dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _f32_cached(v, sign: float) -> float:
+    """float32 RNE rounding of a Python number, exactly once (cached: exact arithmetic);
+    the sign is part of the key because 0.0 == -0.0."""
+    return float(F.f32(exact(v)))
 
 
 def pad2d(x: torch.Tensor, bm: int, bk: int) -> torch.Tensor:
@@ -65,3 +80,49 @@ def check_rbits(rbits, nbits, shape, mode_is_sr: bool, mode_name: str):
                          f"{tuple(shape)}")
     return rbits
 
+
+
+def mode_arg(mode) -> Mode:
+    """parse_mode, cached for str arguments: the public fused calls are launch-bound, and
+    every microsecond of Python before the launch shows in their throughput."""
+    if type(mode) is Mode:
+        return mode
+    return _mode_cached(mode) if type(mode) is str else parse_mode(mode)
+
+
+@functools.lru_cache(maxsize=64)
+def _mode_cached(mode: str) -> Mode:
+    return parse_mode(mode)
+
+
+def cached_plan(cache: dict, key, make, keep=None):
+    """make() cached under key (its result: what a fused call needs, None where no fused
+    kernel applies).  None, uncached, where key is unhashable or make raises ValueError /
+    TypeError: the caller's full path then checks the arguments and raises that error.
+    keep is held with the entry (an object whose id() is part of key stays alive)."""
+    try:
+        return cache[key][0]
+    except KeyError:
+        pass
+    except TypeError:
+        return None
+    try:
+        plan = make()
+    except (ValueError, TypeError):
+        return None
+    if len(cache) > 1024:
+        cache.clear()
+    cache[key] = (plan, keep)
+    return plan
+
+
+_TQ: list = []
+
+
+def tq():
+    """The triton_quant module, imported on first use (importing triton takes seconds, so
+    CPU-only users never pay it) and then held: no import machinery per call."""
+    if not _TQ:
+        from . import triton_quant
+        _TQ.append(triton_quant)
+    return _TQ[0]

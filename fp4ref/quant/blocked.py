@@ -85,26 +85,91 @@ class BlockScaledTensor:
     scale_codes: torch.Tensor      # (ceil(rows/bm), ceil(cols/bk))
     scale_fmt: str
     block: tuple
-    tensor_scale: torch.Tensor | None = None   # float32 (1, 1) or per tensor_tile grid
+    # float32 (1, 1) or per tensor_tile grid; default None, through a factory so that the
+    # class has no attribute of that name: __getattr__ can then make it lazily (_fused)
+    tensor_scale: torch.Tensor | None = field(default_factory=lambda: None)
     tensor_tile: tuple | None = None
     profile: str = ""
     meta: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
         rows, cols = self.shape
-        bm, bk = self.block
         if tuple(self.codes.shape) != (rows, cols):
             raise ValueError(f"codes: shape {tuple(self.codes.shape)} != {self.shape}")
+        self._check_scales()
+
+    def _check_scales(self):
+        rows, cols = self.shape
+        bm, bk = self.block
         want = (ceil_div(rows, bm), ceil_div(cols, bk))
         if tuple(self.scale_codes.shape) != want:
             raise ValueError(f"scale_codes: shape {tuple(self.scale_codes.shape)} != {want}")
 
+    @classmethod
+    def from_packed(cls, shape, packed: torch.Tensor, elem_fmt: str, scale_codes, scale_fmt,
+                    block, tensor_scale=None, tensor_tile=None, profile: str = "",
+                    meta=None) -> "BlockScaledTensor":
+        """A 4-bit tensor from packed codes (uint8 (rows, ceil(cols/2)), low nibble first),
+        kept packed: the fused kernels' output goes out as written (unpacking costs more
+        than the kernel).  ``codes`` unpacks on first access; ``packed()`` returns this
+        buffer until then."""
+        rows, cols = shape
+        if get_format(elem_fmt).nbits != 4:
+            raise ValueError(f"elem_fmt: {elem_fmt} is not a 4-bit format; only float4 codes "
+                             "are packed two per byte")
+        if packed.dtype != torch.uint8 or tuple(packed.shape) != (rows, (cols + 1) // 2):
+            raise ValueError(f"packed: expected uint8 of shape {(rows, (cols + 1) // 2)}, got "
+                             f"{packed.dtype} {tuple(packed.shape)}")
+        self = cls.__new__(cls)
+        vars(self).update(shape=(rows, cols), elem_fmt=elem_fmt, scale_codes=scale_codes,
+                          scale_fmt=scale_fmt, block=tuple(block), tensor_scale=tensor_scale,
+                          tensor_tile=tensor_tile, profile=profile, meta=dict(meta or {}),
+                          _packed=packed)
+        self._check_scales()
+        return self
+
+    @classmethod
+    def _fused(cls, shape: tuple, packed: torch.Tensor, scale_codes: torch.Tensor,
+               scale_fmt: str, block: tuple, profile: str,
+               par: torch.Tensor | None = None) -> "BlockScaledTensor":
+        """``from_packed`` for this package's fused kernels (float4 codes), trusted: the
+        shapes are the ones the wrapper allocated, so nothing is re-checked (the public calls
+        are launch-bound; each check or view costs host time a ~50 us kernel cannot hide).
+        par: the two-level kernels' float32 [4] = [mult, fl(1/S_enc), S_enc, amax], from
+        which ``tensor_scale`` ((1, 1) view of fl(1/S_enc)) and ``meta`` (amax, s_enc) are
+        made on first access; None: no tensor scale, empty meta."""
+        self = object.__new__(cls)
+        self.__dict__ = {"shape": shape, "elem_fmt": "float4_e2m1fn", "scale_codes": scale_codes,
+                         "scale_fmt": scale_fmt, "block": block, "tensor_tile": None,
+                         "profile": profile, "_packed": packed}
+        if par is None:
+            self.__dict__.update(tensor_scale=None, meta={})
+        else:
+            self.__dict__["_par"] = par
+        return self
+
+    def __getattr__(self, name):
+        # only reached for attributes not set: ``codes`` of a tensor made by from_packed /
+        # _fused, ``tensor_scale`` and ``meta`` of one made by _fused with par
+        d = vars(self)
+        if name == "codes" and "_packed" in d:
+            d["codes"] = unpack_codes(d.pop("_packed"), self.shape[1])  # codes now rule
+            return d["codes"]
+        if name in ("tensor_scale", "meta") and "_par" in d:
+            _, dec, s_enc, g = d.pop("_par").unbind()
+            d["tensor_scale"], d["meta"] = dec.view(1, 1), {"amax": g, "s_enc": s_enc}
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # --- conversions --------------------------------------------------------
     def packed(self) -> torch.Tensor:
+        """Two float4 codes per byte, low nibble first (the kernel's buffer itself when the
+        tensor came packed and ``codes`` was never read)."""
         if get_format(self.elem_fmt).nbits != 4:
             raise ValueError(f"elem_fmt: {self.elem_fmt} is not a 4-bit format; only float4 "
                              "codes pack two per byte")
-        return pack_codes(self.codes)
+        p = vars(self).get("_packed")
+        return p if p is not None else pack_codes(self.codes)
 
     def swizzled_scales(self, pad: int = 0) -> torch.Tensor:
         return to_swizzled(self.scale_codes, pad)

@@ -10,9 +10,9 @@ from reference.exact import pow2
 from reference.formats import get_format
 from reference.recipes import f32 as F
 from reference.recipes.mx import MX_ELEM_FORMATS, MX_RULES, MXRule, ceil_rn_log2_f32
-from reference.rounding import Mode, parse_mode
+from reference.rounding import Mode
 from . import _elem as E
-from ._common import check_input, check_rbits
+from ._common import INPUT_DTYPES, cached_plan, mode_arg, tq, check_input, check_rbits
 from .blocked import BlockScaledTensor
 
 __all__ = ["quantize", "rceil_f32_thresholds"]
@@ -98,43 +98,88 @@ def _ceil_rn_log2(d: torch.Tensor) -> torch.Tensor:
     return torch.where(exact_pow, k, torch.where(b < t, k, k + 1))
 
 
-def quantize(x: torch.Tensor, profile="ocp_mx_floor", elem_fmt: str = "float4_e2m1fn", *,
-             mode="rne", rbits=None, nbits=None, copy: str = "rowwise",
-             rule: MXRule | None = None, backend: str = "auto") -> BlockScaledTensor:
-    """Fast twin of ``reference.recipes.mx.quantize``.  ``backend``: auto (fused Triton
-    kernel on CUDA for ocp_mx_floor MXFP4 RNE rowwise), torch, or triton."""
+def _triton_ok(x, rule, elem_fmt, mode, copy, backend) -> bool:
+    """The fused kernel applies (ocp_mx_floor MXFP4, RNE, rowwise, CUDA); backend "triton"
+    where it does not is an error."""
+    TQ = tq()
+    fits = (rule == MX_RULES["ocp_mx_floor"] and elem_fmt == "float4_e2m1fn"
+            and mode is Mode.RNE and copy == "rowwise")
+    if backend == "triton" and not (fits and TQ.available(x)):
+        raise ValueError("backend: triton needs CUDA, triton and ocp_mx_floor MXFP4 RNE "
+                         "rowwise; valid choices: auto, torch, triton")
+    return backend != "torch" and fits and TQ.available(x)
+
+
+_PLANS: dict = {}
+
+
+def _fused_plan(profile, elem_fmt, mode, copy, rule, backend):
+    """The profile name when these arguments select the fused kernel (input aside), else
+    None; cached per argument set (the checks cost more host time than the launch)."""
+    if type(mode) not in (str, Mode):
+        return None
+    return cached_plan(_PLANS, (profile, elem_fmt, mode, copy, id(rule), backend),
+                       lambda: _make_plan(profile, elem_fmt, mode, copy, rule, backend), rule)
+
+
+def _check_args(profile, elem_fmt, copy, rule, backend):
+    """The argument checks ``quantize`` runs first: (profile, rule)."""
     check_choice("backend", backend, ("auto", "torch", "triton"))
     if rule is None:
         profile = check_choice("profile", profile, MX_RULES)
         rule = MX_RULES[profile]
     check_choice("elem_fmt", elem_fmt, MX_ELEM_FORMATS)
     check_choice("copy", copy, ("rowwise", "columnwise"))
+    return profile, rule
+
+
+def _make_plan(profile, elem_fmt, mode, copy, rule, backend):
+    """The argument checks of ``quantize`` (same order), then the plan: the profile name."""
+    profile, rule = _check_args(profile, elem_fmt, copy, rule, backend)
+    fits = (backend != "torch" and rule == MX_RULES["ocp_mx_floor"]
+            and elem_fmt == "float4_e2m1fn" and mode_arg(mode) is Mode.RNE and copy == "rowwise")
+    return profile if fits else None
+
+
+def _fused_input(x) -> bool:
+    """x is one the fused kernel takes (else the full path checks it and says why not)."""
+    return (isinstance(x, torch.Tensor) and x.dtype in INPUT_DTYPES and x.dim() == 2
+            and x.shape[1] % 32 == 0 and x.numel() > 0 and tq().available(x))
+
+
+def quantize(x: torch.Tensor, profile="ocp_mx_floor", elem_fmt: str = "float4_e2m1fn", *,
+             mode="rne", rbits=None, nbits=None, copy: str = "rowwise",
+             rule: MXRule | None = None, backend: str = "auto") -> BlockScaledTensor:
+    """Fast twin of ``reference.recipes.mx.quantize``.  ``backend``: auto (fused Triton
+    kernel on CUDA for ocp_mx_floor MXFP4 RNE rowwise), torch, or triton."""
+    if rbits is None and nbits is None:   # the fused path, its argument checks cached
+        plan = _fused_plan(profile, elem_fmt, mode, copy, rule, backend)
+        if plan is not None and _fused_input(x):
+            qp, sc = tq().mx_floor_e2m1(x)
+            M, K = x.shape
+            return BlockScaledTensor._fused((M, K), qp, sc, "float8_e8m0fnu", (1, 32), plan)
+    profile, rule = _check_args(profile, elem_fmt, copy, rule, backend)
     check_input(x)
-    mode = parse_mode(mode)
+    mode = mode_arg(mode)
     if mode not in (Mode.RNE, Mode.RNA, Mode.SR):
         raise ValueError(f"mode: {mode.name} is not supported; valid choices: RNE, RNA, SR")
     spec = get_format(elem_fmt)
     B = rule.block
-    xf = x.to(torch.float32)
-    if copy == "columnwise":
-        xf = xf.t().contiguous()
-    rows, cols = xf.shape
+    rows, cols = (x.shape[1], x.shape[0]) if copy == "columnwise" else tuple(x.shape)
     if cols % B:
         raise ValueError(f"x: last dimension {cols} is not a multiple of the MX block {B} "
                          f"(profile {profile} does not pad; valid: multiples of {B})")
     rb = check_rbits(rbits, nbits, (rows, cols), mode is Mode.SR, mode.name)
-    dev = x.device
-    from . import triton_quant as TQ
-    fits = (rule == MX_RULES["ocp_mx_floor"] and elem_fmt == "float4_e2m1fn"
-            and mode is Mode.RNE and copy == "rowwise")
-    if backend == "triton" and not (fits and TQ.available(x)):
-        raise ValueError("backend: triton needs CUDA, triton and ocp_mx_floor MXFP4 RNE "
-                         "rowwise; valid choices: auto, torch, triton")
-    if backend != "torch" and fits and TQ.available(x):
-        from .blocked import unpack_codes
+    if _triton_ok(x, rule, elem_fmt, mode, copy, backend):
+        # before any torch op on x: the fused kernel reads x itself; codes stay packed
+        TQ = tq()
         qp, sc = TQ.mx_floor_e2m1(x)
-        return BlockScaledTensor((rows, cols), unpack_codes(qp, cols), elem_fmt, sc,
-                                 "float8_e8m0fnu", (1, B), profile=profile)
+        return BlockScaledTensor._fused((rows, cols), qp, sc, "float8_e8m0fnu", (1, B),
+                                        profile)
+    dev = x.device
+    xf = x.to(torch.float32)
+    if copy == "columnwise":
+        xf = xf.t().contiguous()
     xb = xf.view(rows, cols // B, B)
     amax = E.canon_nan(torch.amax(torch.abs(xb), -1)) if xb.numel() else \
         torch.zeros((rows, cols // B), device=dev)

@@ -13,10 +13,11 @@ from reference.formats import get_format
 from reference.recipes import f32 as F
 from reference.recipes.common import check_tile, check_target
 from reference.recipes.nvfp4 import NVFP4_RULES, TE_RHT_SIGNS, TwoLevelRule, hadamard_matrix
-from reference.rounding import Mode, Policy, parse_mode
+from reference.rounding import Mode, Policy
 from fp4ref import cast
 from . import _elem as E
-from ._common import FLT_MAX, check_input, check_rbits, f32_scalar, pad2d
+from ._common import (mode_arg, tq, FLT_MAX, INPUT_DTYPES, cached_plan, check_input,
+                      check_rbits, f32_scalar, pad2d)
 from .blocked import BlockScaledTensor
 
 __all__ = ["quantize", "quantize_packed", "rht16"]
@@ -126,13 +127,24 @@ def _elem(q, rule, mode, rbits, nbits):
     return E.rne_signed(q, "float4_e2m1fn", mode, rbits, nbits, rule.elem_nan)
 
 
-def _triton_ok(x, rule, tile, mode, copy, backend) -> bool:
-    from . import triton_quant as TQ
-    fits = (rule.tensor_scale == "te" and rule.block_scale == "te_mul" and rule.encode == "te"
+def _rule_fits(rule, tile, mode, copy) -> bool:
+    """The fused kernel computes this rule (x aside)."""
+    return (rule.tensor_scale == "te" and rule.block_scale == "te_mul" and rule.encode == "te"
             and rule.elem_cast == "rne" and rule.elem_nan == "max" and not rule.four_over_six
             and rule.pre_round is None and rule.scale_lo is None
             and rule.scale_fmt in ("ue4m3", "ue5m3") and tuple(tile) == (1, 16)
-            and mode is Mode.RNE and copy == "rowwise" and x.shape[1] % 16 == 0)
+            and mode is Mode.RNE and copy == "rowwise")
+
+
+def _fused_input(x) -> bool:
+    """x is one the fused kernel takes (else the full path checks it and says why not)."""
+    return (isinstance(x, torch.Tensor) and x.dtype in INPUT_DTYPES and x.dim() == 2
+            and x.shape[1] % 16 == 0 and x.numel() > 0 and tq().available(x))
+
+
+def _triton_ok(x, rule, tile, mode, copy, backend) -> bool:
+    TQ = tq()
+    fits = _rule_fits(rule, tile, mode, copy) and x.shape[1] % 16 == 0
     if backend == "triton" and not (fits and TQ.available(x)):
         raise ValueError("backend: triton needs CUDA, triton, a te_nvfp4 / ue5m3 rule with 1x16 "
                          "blocks, RNE, rowwise and a last dimension divisible by 16; valid "
@@ -156,10 +168,77 @@ def _two_level_triton(x, rule, Tf, amax):
     launches for current scaling (torch max|x|; quantize, which computes s_enc_params
     itself), one with amax; other dtypes: three (amax partials; amax and s_enc_params;
     quantize), two with amax."""
-    from . import triton_quant as TQ
-    g = None if amax is None else f32_scalar(amax, x.device, "amax")
-    return TQ.two_level_1x16_amax(x, g, _fconst(Tf * 6), rule.zero_amax == "one",
-                                  rule.scale_fmt, rule.zero_scale_to_one)
+    return tq().two_level_1x16_amax(x, _amax_arg(x, amax), _fconst(Tf * 6),
+                                    rule.zero_amax == "one", rule.scale_fmt,
+                                    rule.zero_scale_to_one)
+
+
+def _amax_arg(x, amax):
+    """amax as the fused kernel takes it: None, or a float32 0-dim tensor on x's device (one
+    given so passes as it is: no view op, each costs host time on the launch-bound path)."""
+    if amax is None:
+        return None
+    if type(amax) is torch.Tensor and amax.dtype == torch.float32 and amax.dim() == 0 \
+            and amax.get_device() == x.get_device():
+        return amax
+    return f32_scalar(amax, x.device, "amax")
+
+
+def _target_f32(T) -> float:
+    """fl(T) of a checked block-scale target; plain numbers cached (exact arithmetic costs
+    ~10 us, as much as the fused kernel's launch)."""
+    if type(T) in (int, float, Fraction):
+        return _target_cached(T)
+    return _fconst(check_target(T))
+
+
+@functools.lru_cache(maxsize=64)
+def _target_cached(T) -> float:
+    return _fconst(check_target(T))
+
+
+def _quantize_triton(x, plan, amax) -> BlockScaledTensor:
+    """The public fused path: one kernel (plus torch's max|x| for current scaling), no host
+    sync; the codes stay packed as the kernel wrote them (unpacked on first ``.codes``),
+    tensor_scale and meta are views of the kernel's par made on first access."""
+    profile, c, zero_amax_one, sfmt, zero_scale_one = plan
+    qp, sc, par = tq().two_level_1x16_amax(x, _amax_arg(x, amax), c, zero_amax_one, sfmt,
+                                           zero_scale_one)
+    M, K = x.shape
+    return BlockScaledTensor._fused((M, K), qp, sc, sfmt, (1, 16), profile, par)
+
+
+_PLANS: dict = {}
+_PLAIN = (type(None), int, float, Fraction)   # target types cached by value
+
+
+def _fused_plan(profile, rule, tile, mode, target, copy, backend):
+    """(profile, c = fl(T * 6), zero_amax_one, scale_fmt, zero_scale_to_one) when these
+    arguments select the fused kernel (input aside), else None; cached per argument set:
+    validating them (check_choice, check_tile, parse_mode, fl(T)) costs more host time than
+    the kernel's launch.  Invalid arguments give None: the full path raises their error."""
+    if type(tile) is not tuple or type(target) not in _PLAIN or type(mode) not in (str, Mode):
+        return None     # (a tensor target could change in place: never cached)
+    return cached_plan(_PLANS, (profile, id(rule), tile, mode, type(target), target, copy,
+                                backend),
+                       lambda: _make_plan(profile, rule, tile, mode, target, copy, backend),
+                       rule)
+
+
+def _make_plan(profile, rule, tile, mode, target, copy, backend):
+    """The argument checks of ``quantize`` (same order), then the fused kernel's plan."""
+    check_choice("backend", backend, ("auto", "torch", "triton"))
+    if rule is None:
+        profile = check_choice("profile", profile, NVFP4_RULES)
+        rule = NVFP4_RULES[profile]
+    check_choice("copy", copy, ("rowwise", "columnwise"))
+    bm, bk = check_tile(tile, rule.tiles)
+    mode = mode_arg(mode)
+    if backend == "torch" or not _rule_fits(rule, (bm, bk), mode, copy):
+        return None
+    Tf = _target_f32(rule.target if target is None else target)
+    return (profile, _fconst(Tf * 6), rule.zero_amax == "one", rule.scale_fmt,
+            rule.zero_scale_to_one)
 
 
 def quantize_packed(x: torch.Tensor, profile="te_nvfp4", *, amax=None, target=None,
@@ -173,8 +252,8 @@ def quantize_packed(x: torch.Tensor, profile="te_nvfp4", *, amax=None, target=No
         rule = NVFP4_RULES[profile]
     check_input(x)
     _triton_ok(x, rule, (1, 16), Mode.RNE, "rowwise", "triton")   # raises where it does not apply
-    Tf = _fconst(check_target(rule.target if target is None else target))
-    return _two_level_triton(x, rule, Tf, amax)
+    return _two_level_triton(x, rule, _target_f32(rule.target if target is None else target),
+                             amax)
 
 
 def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, tensor_scale=None,
@@ -182,6 +261,10 @@ def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, te
              rule: TwoLevelRule | None = None, backend: str = "auto") -> BlockScaledTensor:
     """Fast twin of ``reference.recipes.nvfp4.quantize`` (same arguments).  ``backend``:
     auto (fused Triton kernel on CUDA where it applies), torch, or triton."""
+    if rbits is None and nbits is None:   # the fused path, its argument checks cached
+        plan = _fused_plan(profile, rule, tile, mode, target, copy, backend)
+        if plan is not None and _fused_input(x):
+            return _quantize_triton(x, plan, amax)
     check_choice("backend", backend, ("auto", "torch", "triton"))
     if rule is None:
         profile = check_choice("profile", profile, NVFP4_RULES)
@@ -189,9 +272,15 @@ def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, te
     check_input(x)
     check_choice("copy", copy, ("rowwise", "columnwise"))
     bm, bk = check_tile(tile, rule.tiles)
-    mode = parse_mode(mode)
+    mode = mode_arg(mode)
     if mode not in (Mode.RNE, Mode.SR):
         raise ValueError(f"mode: {mode.name} is not supported; valid choices: RNE, SR")
+    if _triton_ok(x, rule, (bm, bk), mode, copy, backend):
+        # before any torch op on x: the fused kernel reads x itself (no float32 copy)
+        check_rbits(rbits, nbits, tuple(x.shape), False, mode.name)
+        Tf = _target_f32(rule.target if target is None else target)
+        return _quantize_triton(x, (profile, _fconst(Tf * 6), rule.zero_amax == "one",
+                                    rule.scale_fmt, rule.zero_scale_to_one), amax)
     dev = x.device
     xf = x.to(torch.float32)
     if copy == "columnwise":
@@ -202,14 +291,7 @@ def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, te
         raise ValueError(f"x: shape {rows}x{cols} is not a multiple of the {bm}x{bk} block; "
                          f"profile {profile} does not pad (valid: multiples of {bm}x{bk})")
     rb = check_rbits(rbits, nbits, (rows, cols), mode is Mode.SR, mode.name)
-    T = check_target(rule.target if target is None else target)
-    Tf = _fconst(T)
-    if _triton_ok(x, rule, (bm, bk), mode, copy, backend):
-        from .blocked import unpack_codes
-        qp, sc, par = _two_level_triton(x, rule, Tf, amax)
-        return BlockScaledTensor((rows, cols), unpack_codes(qp, cols), "float4_e2m1fn", sc,
-                                 rule.scale_fmt, (1, 16), par[1].reshape(1, 1), None, profile,
-                                 {"amax": par[3], "s_enc": par[2]})
+    Tf = _target_f32(rule.target if target is None else target)
     xp = pad2d(xf, bm, bk)
     R, C = xp.shape
     if rb is not None:

@@ -11,10 +11,23 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Spec", "Detected", "NotAvailable", "detect", "BACKEND_MODULES"]
+__all__ = ["Spec", "Detected", "NotAvailable", "detect", "BACKEND_MODULES", "canonical_name"]
 
 BACKEND_MODULES = ("probes.backends.cpu", "probes.backends.virtual", "probes.backends.cuda",
                    "probes.backends.triton_fp8", "probes.backends.blackwell")
+
+
+# Reports written before the full names (up to 2026-12-01) cut the output dtype to four
+# letters; readers of old baselines map those names to today's.
+_LEGACY_SUFFIXES = {"-floa": "-float32", "-bflo": "-bfloat16"}
+
+
+def canonical_name(name: str) -> str:
+    """Today's name of a device named ``name`` in an older report (unchanged otherwise)."""
+    for old, new in _LEGACY_SUFFIXES.items():
+        if name.endswith(old) and "scaled_mm" in name:
+            return name[: -len(old)] + new
+    return name
 
 
 class NotAvailable(Exception):
@@ -38,6 +51,7 @@ class Detected:
     device: object | None  # Device, or None when unavailable / crashed
     status: str            # "available" | "unavailable" | "error"
     reason: str = ""
+    default: bool = True   # part of the default set (no --devices given)
 
 
 def detect(modules=BACKEND_MODULES, include=None) -> list:
@@ -56,9 +70,10 @@ def detect(modules=BACKEND_MODULES, include=None) -> list:
                 continue
             try:
                 dev = s.build()
-                out.append(Detected(s.name, s.backend, s.kind, dev, "available"))
+                out.append(Detected(s.name, s.backend, s.kind, dev, "available", default=s.default))
             except NotAvailable as e:
-                out.append(Detected(s.name, s.backend, s.kind, None, "unavailable", str(e)))
+                out.append(Detected(s.name, s.backend, s.kind, None, "unavailable", str(e),
+                                    default=s.default))
             except Exception as e:
                 tb = traceback.format_exc(limit=3)
                 out.append(Detected(s.name, s.backend, s.kind, None, "error",

@@ -117,7 +117,7 @@ def blackwell_device(recipe: str, out: str = "float32", native=None) -> Device:
     caps = Capabilities("float4_e2m1fn", "float4_e2m1fn", out, block=blk, scale_format=sfmt,
                         k_multiple=32, mn_multiple=16, probe_mn=128, max_batch=64, max_k=16384,
                         hardware_run=native is None)
-    return Device(f"blackwell-scaled_mm-{recipe}-{out[:4]}", f"torch._scaled_mm {recipe.upper()} "
+    return Device(f"blackwell-scaled_mm-{recipe}-{out}", f"torch._scaled_mm {recipe.upper()} "
                   "(packed e2m1, 128x4 swizzled scales)", "blackwell-only", caps, fn)
 
 
@@ -159,7 +159,7 @@ def candidates() -> list:
     out = []
     for recipe in ("nvfp4", "mxfp4"):
         for o in ("float32", "bfloat16"):
-            out.append(Spec(f"blackwell-scaled_mm-{recipe}-{o[:4]}", f"torch._scaled_mm {recipe}",
+            out.append(Spec(f"blackwell-scaled_mm-{recipe}-{o}", f"torch._scaled_mm {recipe}",
                             "blackwell-only", _build(recipe, o)))
     out.append(Spec("blackwell-transformer-engine-nvfp4", "transformer_engine general_gemm",
                     "blackwell-only", _te_build))

@@ -131,7 +131,7 @@ def _scaled(rowwise: bool, fast: bool, out: str):
             return _back(C)
         caps = Capabilities("float8_e4m3fn", "float8_e4m3fn", out, alpha="rowwise" if rowwise else "tensorwise",
                             k_multiple=16, mn_multiple=16, probe_mn=64, max_batch=64, max_k=16384)
-        name = f"cuda-scaled_mm-e4m3-{'rowwise' if rowwise else 'tensorwise'}-{'fast' if fast else 'slow'}-{out[:4]}"
+        name = f"cuda-scaled_mm-e4m3-{'rowwise' if rowwise else 'tensorwise'}-{'fast' if fast else 'slow'}-{out}"
         d = Device(name, f"torch._scaled_mm e4m3 ({'rowwise' if rowwise else 'tensorwise'} scales, "
                    f"use_fast_accum={fast}, out {out}), {_gpu_name(torch)}", "cuda", caps, fn)
         # a tiny call now: an unsupported combination fails at detection, not mid-inference
@@ -148,6 +148,6 @@ def candidates() -> list:
     for rowwise in (False, True):
         for fast in (False, True):
             for o in ("float32", "bfloat16"):
-                name = f"cuda-scaled_mm-e4m3-{'rowwise' if rowwise else 'tensorwise'}-{'fast' if fast else 'slow'}-{o[:4]}"
+                name = f"cuda-scaled_mm-e4m3-{'rowwise' if rowwise else 'tensorwise'}-{'fast' if fast else 'slow'}-{o}"
                 out.append(Spec(name, "torch._scaled_mm e4m3", "cuda", _scaled(rowwise, fast, o)))
     return out

@@ -17,17 +17,20 @@ from ..device import Capabilities, Device
 from ..sim import bits_to_float, output_bits, simulate_gemm
 from . import Spec
 
-__all__ = ["virtual_device", "candidates", "VARIANTS", "nvfp4_caps", "mxfp4_caps"]
+__all__ = ["virtual_device", "candidates", "VARIANTS", "nvfp4_caps", "mxfp4_caps",
+           "blackwell_hypotheses"]
 
 VARIANTS = (None, "pairwise", "daz")
 
 
 def nvfp4_caps(**kw) -> Capabilities:
+    kw.setdefault("max_k", 1 << 16)  # simulated: no K limit of its own (Capabilities defaults to 256)
     return Capabilities("float4_e2m1fn", "float4_e2m1fn", kw.pop("output", "float32"), block=16,
                         scale_format="ue4m3", **kw)
 
 
 def mxfp4_caps(**kw) -> Capabilities:
+    kw.setdefault("max_k", 1 << 16)
     return Capabilities("float4_e2m1fn", "float4_e2m1fn", kw.pop("output", "float32"), block=32,
                         scale_format="float8_e8m0fnu", **kw)
 
@@ -120,9 +123,34 @@ def _round_out(c, fmt):
     return round_float64(c, fmt, 0)
 
 
+def blackwell_hypotheses() -> dict:
+    """Name -> (model, caps) of each Blackwell hypothesis (issue 17; docs/blackwell.md),
+    as a virtual block-scaled device sees it (float32 output unless named)."""
+    from reference.gemm import get_preset
+    nv = get_preset("blackwell_mxf4nvf4")
+    mx8 = get_preset("blackwell_mxf8f6f4")
+    pm = get_preset("probe_matched").replace(output="float32", output_mode=Mode.RNE)
+    return {
+        "virtual-nvfp4-probe_matched": (pm, nvfp4_caps(max_batch=16)),
+        "virtual-nvfp4-probe_matched_lattice": (get_preset("probe_matched_lattice"), nvfp4_caps(max_batch=16)),
+        "virtual-blackwell-mxf4nvf4": (nv, nvfp4_caps(max_batch=16)),
+        "virtual-blackwell-mxf4nvf4-mxfp4": (
+            nv.replace(exp_formats=("float4_e2m1fn", "float4_e2m1fn", "float8_e8m0fnu")),
+            mxfp4_caps(max_batch=16)),
+        "virtual-blackwell-mxf8f6f4": (mx8, mxfp4_caps(max_batch=16)),
+        # cuBLASLt-style: the mxf4nvf4 chain, K split in two, per-tensor alpha, bf16 output
+        "virtual-blackwell-cublaslt": (nv.replace(split_k=2, output="bfloat16"),
+                                        nvfp4_caps(max_batch=16, alpha="tensorwise", output="bfloat16")),
+    }
+
+
 def candidates() -> list:
-    """The default virtual device: the SPEC's probe_matched model on NVFP4 operands."""
-    def build():
-        m = get_preset("probe_matched").replace(output="float32", output_mode=Mode.RNE)
-        return virtual_device(m, nvfp4_caps(max_batch=16), "virtual-nvfp4-probe_matched")
-    return [Spec("virtual-nvfp4-probe_matched", "virtual (hidden GemmModel)", "virtual", build)]
+    """The SPEC's probe_matched model on NVFP4 operands (the default virtual device) and
+    one virtual device per Blackwell hypothesis (not in the default set)."""
+    out = []
+    for name, (m, caps) in blackwell_hypotheses().items():
+        def build(m=m, caps=caps, name=name):
+            return virtual_device(m.replace(name=name), caps, name)
+        out.append(Spec(name, "virtual (hidden GemmModel)", "virtual", build,
+                        default=name == "virtual-nvfp4-probe_matched"))
+    return out
