@@ -46,7 +46,7 @@ install_self() {
 if [ -n "${FP4REF_PYTHON:-}" ]; then echo "$FP4REF_PYTHON"; exit 0; fi
 
 if [ -x .venv/bin/python ] && [ -f .venv/.fp4ref-ready ]; then
-  has_self .venv/bin/python || install_self "$PWD/.venv/bin/python" || true
+  has_self "$PWD/.venv/bin/python" || install_self "$PWD/.venv/bin/python" || true
   echo "$PWD/.venv/bin/python"; exit 0
 fi
 
