@@ -66,11 +66,11 @@ def _dist_version(*names) -> str | None:
     return None
 
 
-def gpu_identity(env: dict) -> dict:
+def gpu_identity(env: dict, driver: str | None = None) -> dict:
     """Host, GPU index and UUID, driver and library versions of this rank; selects its GPU
-    (LOCAL_RANK) when CUDA is present.  Without CUDA the 'uuid' names host and local rank."""
+    (LOCAL_RANK) when CUDA is present.  Without CUDA the 'uuid' names host and local rank.
+    ``driver``: read by the caller (reports' environment probe, a layer above this one)."""
     import torch
-    from reports.schema import collect_environment
     host = platform.node() or "?"
     ident = {"rank": env["rank"], "host": host, "local_rank": env["local_rank"], "gpu_index": None,
              "uuid": f"cpu:{host}:{env['local_rank']}", "name": platform.machine() or "cpu",
@@ -82,7 +82,7 @@ def gpu_identity(env: dict) -> dict:
         torch.cuda.set_device(idx)
         props = torch.cuda.get_device_properties(idx)
         uuid = str(getattr(props, "uuid", "") or "")
-        ident.update(gpu_index=idx, name=props.name, driver=collect_environment()["driver"],
+        ident.update(gpu_index=idx, name=props.name, driver=driver,
                      uuid=uuid if uuid.startswith("GPU-") else (f"GPU-{uuid}" if uuid else f"{host}:cuda{idx}"))
     return ident
 
@@ -180,11 +180,11 @@ def _cell(dev, args, exps, base_devs, share) -> dict:
                        seconds=share, repeats=args.repeats)
 
 
-def run_rank(args, env: dict, baseline: dict | None) -> dict:
+def run_rank(args, env: dict, baseline: dict | None, driver: str | None = None) -> dict:
     """Check every GEMM of this rank's GPU; returns {"gpu": identity, "cells": [...]}."""
     from .fleet_fingerprint import baseline_expectations
     t0 = time.perf_counter()
-    ident = gpu_identity(env)
+    ident = gpu_identity(env, driver)
     exps = baseline_expectations(baseline) if baseline else {}
     base_devs = {canonical_name(d["name"]): d for d in (baseline or {}).get("devices", [])}
     log = _log_path(Path(args.out), env["rank"])

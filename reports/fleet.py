@@ -17,7 +17,7 @@ import jinja2
 from probes.fleet_fingerprint import CELL_STATUSES
 
 from .html import _CSS
-from .schema import (ReportError, _bool, _created, _enum, _int, _json, _list, _nullable, _num, _obj,
+from .schema import (ReportError, collect_environment, _bool, _created, _enum, _int, _json, _list, _nullable, _num, _obj,
                      _str, check_report, jsonable, load_json, utc_now, write_json_atomic, write_text_atomic)
 
 __all__ = ["FLEET_SCHEMA", "HEALTH_SCHEMA", "VERDICTS", "build_fleet", "check_fleet", "check_health",
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
         return 2
     grouped = PF.init_group(env, args.timeout_s)
     try:
-        result = PF.run_rank(args, env, baseline)
+        result = PF.run_rank(args, env, baseline, driver=collect_environment()["driver"])
         out = Path(args.out)
         meta = {"command": "fp4ref fleet " + " ".join(argv), "mode": "probe" if args.probe else "fingerprint",
                 "baseline": args.baseline, "launcher": env["launcher"], "world_size": env["world_size"]}
