@@ -7,7 +7,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: env test test-slow test-gpu test-thorough probe probe-fleet bench verify-exhaustive report conform gate clean
+.PHONY: env test test-slow test-gpu test-thorough check-layers probe probe-fleet bench verify-exhaustive report conform gate clean
 
 env:
 	@echo "python: $(PY)"
@@ -28,6 +28,11 @@ test-gpu:
 
 test-thorough:
 	@$(PY) -m pytest -q -n 2 --hypothesis-profile=thorough $(PYTEST_ARGS) tests
+
+## The import rules of docs/CONTRIBUTING.md: downward only, no private names across packages,
+## no cycles (also part of make test).
+check-layers:
+	@$(PY) -m pytest -q tests/test_layering.py
 
 ## The main job: probe every native GEMM found here, write reports/<device>/<timestamp>/.
 ## Bounded to 5 minutes: devices still running then are reported as unfinished, not dropped.

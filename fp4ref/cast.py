@@ -1,11 +1,12 @@
 """Fast vectorized casts into every FormatSpec, bit for bit equal to ``reference``.
 
-The float input is unpacked from its int64 bit view into (sign, significand M,
-exponent E of M's last bit, binade e); rounding is integer shifts on M; the
-policy's special cases (NaN, inf, zero, overflow, underflow, negatives into an
-unsigned format) are per-class constant codes chosen by the input's sign.
-Nothing here calls the reference: it reads only the integer fields of the
-FormatSpec row and the Mode / Policy enums.
+The float input is unpacked from its int64 bit view into integer form (sign,
+significand, exponent of its last bit, binade) and rounded onto the format's grid
+by the fast paths' one kernel, ``fp4ref.gridround``; the policy's special cases
+(NaN, inf, zero, overflow, underflow, negatives into an unsigned format) are
+per-class constant codes chosen by the input's sign.  Nothing here calls the
+reference: it reads only the integer fields of the FormatSpec row and the Mode /
+Policy enums.
 
 float64 inputs round directly from the double (no float32 step).  On CUDA the
 Triton kernel in ``cast_triton`` is used when it supports the call
@@ -24,13 +25,14 @@ from reference.formats import FormatSpec, Specials, get_format
 from reference.rounding import (InfPolicy, Mode, NanPolicy, Negative, NoZero, Overflow, Policy,
                                 Subnormal, default_policy)
 
+from .gridround import GridFormat, Unpacked, overflow_to_inf, round_grid, unpack_ieee
+
 __all__ = ["quantize", "dequantize", "round_to", "quantize_profile", "pack_fp4", "unpack_fp4",
            "as_torch_dtype", "code_dtype", "INPUT_DTYPES", "MAX_NBITS"]
 
 INPUT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 MAX_NBITS = 62  # SR compares rbits/2**nbits with the dropped fraction in 62-bit fixed point
 _BACKENDS = ("auto", "torch", "triton")
-_W = 62
 
 
 # --------------------------------------------------------------------------
@@ -106,6 +108,7 @@ class _Plan:
     abs_neg: bool
     flush: bool
     min_as_zero: bool
+    grid: GridFormat
 
 
 @lru_cache(maxsize=None)
@@ -160,9 +163,7 @@ def _plan(fmt: FormatSpec, mode: Mode, policy: Policy) -> _Plan:
             return signed(neg, maxc)
         if o is Overflow.NAN:
             return nan_out(neg)
-        to_inf = {Mode.RNE: True, Mode.RNA: True, Mode.SR: True, Mode.RTZ: False,
-                  Mode.RTO: False, Mode.RUP: not neg, Mode.RDN: neg}[mode]
-        if not to_inf:
+        if not overflow_to_inf(mode)[neg]:
             return signed(neg, maxc)
         return signed(neg, fmt.inf_code) if fmt.has_inf else nan_out(neg)
 
@@ -176,7 +177,7 @@ def _plan(fmt: FormatSpec, mode: Mode, policy: Policy) -> _Plan:
     return _Plan(fmt, mode, nan, inf, zero, both(ovf_code), under, negu,
                  abs_neg=(not fmt.signed and policy.negative is Negative.ABS),
                  flush=policy.subnormal is Subnormal.FLUSH,
-                 min_as_zero=policy.subnormal is Subnormal.MIN_AS_ZERO)
+                 min_as_zero=policy.subnormal is Subnormal.MIN_AS_ZERO, grid=GridFormat.of(fmt))
 
 
 # --------------------------------------------------------------------------
@@ -208,89 +209,37 @@ def _quantize_torch(x: torch.Tensor, plan: _Plan, r: torch.Tensor | None, nbits:
     return out.reshape(x.shape)
 
 
-def _quantize_flat(x: torch.Tensor, plan: _Plan, r: torch.Tensor | None, nbits: int | None):
-    fmt, mode = plan.fmt, plan.mode
+def _unpack(x: torch.Tensor) -> tuple[Unpacked, int]:
+    """Integer form of the input and its significand width: float64 directly, the
+    narrower floats widened to float32 exactly."""
     if x.dtype == torch.float64:
-        b = x.contiguous().view(torch.int64)
-        p, ebits, bias = 53, 11, 1023
-    else:  # float32, bf16 and fp16 widen to float32 exactly
-        b = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
-        p, ebits, bias = 24, 8, 127
-    emask = (1 << ebits) - 1
-    neg = b < 0
-    expf = (b >> (p - 1)) & emask
-    mant = b & ((1 << (p - 1)) - 1)
-    special = expf == emask
-    is_nan = special & (mant != 0)
-    is_inf = special & (mant == 0)
-    sub = expf == 0
-    is_zero = sub & (mant == 0)
-    M = torch.where(sub, mant, mant | (1 << (p - 1)))
-    E = torch.clamp(expf, min=1) - (bias + p - 1)          # value = M * 2**E
-    # binade of a subnormal input: exponent of its mantissa, read exactly
-    # from the mantissa's float64 conversion (mant < 2**52: exact).
-    lz = (mant.to(torch.float64).view(torch.int64) >> 52) - 1023
-    e = torch.where(sub, lz + E, expf - bias)
+        return unpack_ieee(torch, x.contiguous().view(torch.int64), 52, 11), 53
+    b = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    return unpack_ieee(torch, b, 23, 8), 24
 
-    if plan.abs_neg:
-        neg = torch.zeros_like(neg)
 
-    m, emin = fmt.man_bits, fmt.emin
-    low = None
-    if fmt.subnormals:
-        eff = torch.clamp(e, min=emin)
-    elif plan.min_as_zero:
-        # below 2*min_normal one step {0, 2*min_normal}; min_normal stays exact
-        is_min = (e == emin) & ((M & (M - 1)) == 0)
-        low = (e < emin + 1) & ~is_min
-        eff = torch.where(low, emin + 1, e)
-    else:
-        eff = e
-    d = (eff - m) - E                                       # bits dropped, >= 0
-    D = torch.clamp(d, 0, _W)
-    n = M >> D
-    rem = M - (n << D)
-    code = ((eff - emin) << m) + n
-    if not fmt.subnormals:
-        code = code - (1 << m)
-    if low is not None:
-        code = torch.where(low, n, code)                    # 0 = "zero", 1 = 2*min_normal
+def _quantize_flat(x: torch.Tensor, plan: _Plan, r: torch.Tensor | None, nbits: int | None):
+    u, p = _unpack(x)
+    neg = torch.zeros_like(u.neg) if plan.abs_neg else u.neg
+    # every input significand has at least the bits of the target grid (coarse=False)
+    code = round_grid(torch, neg, u.mag, u.exp, plan.grid, plan.mode, e=u.e, rbits=r, nbits=nbits,
+                      min_as_zero=plan.min_as_zero, coarse=False, mag_bits=p).code
+    return _store(_encode(code, neg, u, plan), plan.fmt)
 
-    inexact = rem != 0
-    if mode is Mode.RTZ:
-        up = None
-    elif mode is Mode.RUP:
-        up = inexact & ~neg
-    elif mode is Mode.RDN:
-        up = inexact & neg
-    elif mode is Mode.RTO:
-        up = inexact & ((code & 1) == 0)
-    elif mode is Mode.SR:
-        R = torch.where(d <= _W, rem << (_W - D), rem >> torch.clamp(d - _W, 0, 63))
-        up = (r << (_W - nbits)) + R >= (1 << _W)
-    else:
-        twice, half = rem << 1, torch.ones_like(rem) << D
-        if mode is Mode.RNA:
-            up = twice >= half
-        else:
-            up = (twice > half) | ((twice == half) & ((code & 1) == 1))
-    if up is not None:
-        code = code + up.to(torch.int64)
 
-    sm = fmt.sign_mask
+def _encode(code: torch.Tensor, neg: torch.Tensor, u: Unpacked, plan: _Plan) -> torch.Tensor:
+    """Codes with the sign and the policy's code for every special class."""
+    fmt = plan.fmt
     if plan.flush:
-        code = torch.where((code > 0) & (code < (1 << m)), 0, code)
-    out = torch.where(neg, code | sm, code) if fmt.signed else code
+        code = torch.where((code > 0) & (code < (1 << fmt.man_bits)), 0, code)
+    out = torch.where(neg, code | fmt.sign_mask, code) if fmt.signed else code
     out = torch.where(code > fmt.max_code_magnitude, _pick(neg, plan.ovf), out)
-    if not fmt.has_zero:
-        under = code < 0
-        if low is not None:
-            under = under | (low & (code == 0))
-        out = torch.where(under, plan.under, out)
-    out = torch.where(is_zero, _pick(neg, plan.zero), out)
-    out = torch.where(is_inf, _pick(neg, plan.inf), out)
+    if not fmt.has_zero:  # below min normal (MIN_AS_ZERO's zero step included): code < 0
+        out = torch.where(code < 0, plan.under, out)
+    out = torch.where(u.zero, _pick(neg, plan.zero), out)
+    out = torch.where(u.inf, _pick(neg, plan.inf), out)
     if not fmt.signed and not plan.abs_neg:
-        negu = neg & ~is_zero & ~is_nan
+        negu = neg & ~u.zero & ~u.nan
         if plan.negu is None:
             if bool(negu.any()):
                 raise ValueError(f"x: negative values cannot be encoded in unsigned {fmt.name} "
@@ -299,16 +248,19 @@ def _quantize_flat(x: torch.Tensor, plan: _Plan, r: torch.Tensor | None, nbits: 
         else:
             out = torch.where(negu, plan.negu, out)
     if plan.nan is None:
-        if bool(is_nan.any()):
+        if bool(u.nan.any()):
             raise ValueError(f"x: NaN cannot be encoded in {fmt.name} under nan policy RAISE; "
                              "valid choices: " + ", ".join(v.name for v in NanPolicy))
     else:
-        out = torch.where(is_nan, _pick(b < 0, plan.nan), out)
-    if fmt.container_bits == 8:
-        out = out.to(torch.uint8)
-    else:  # int32 holds the bit pattern; float32 codes >= 2**31 read negative
-        out = torch.where(out >= (1 << 31), out - (1 << 32), out).to(torch.int32)
+        out = torch.where(u.nan, _pick(u.neg, plan.nan), out)
     return out
+
+
+def _store(out: torch.Tensor, fmt: FormatSpec) -> torch.Tensor:
+    if fmt.container_bits == 8:
+        return out.to(torch.uint8)
+    # int32 holds the bit pattern; float32 codes >= 2**31 read negative
+    return torch.where(out >= (1 << 31), out - (1 << 32), out).to(torch.int32)
 
 
 # --------------------------------------------------------------------------

@@ -5,6 +5,10 @@ vectorized over M and N (CPU or CUDA), and equals ``reference.gemm.dot`` bit for
 bit on every element (tests/test_gemm_emulator.py proves it on hypothesis-drawn
 models and adversarial operands).
 
+The schedule (split-K slices, groups, fused steps, exact runs, where scales and roundings
+apply, every validity check) is the model's plan, ``GemmModel.plan(K, block)``
+(reference/schedule.py); ``_Ctx`` walks it and supplies only the arithmetic below.
+
 How exactness is kept (no float shortcut is ever trusted):
 
 * Every value lives in an integer form (N, E): a signed int64 significand and the
@@ -51,7 +55,6 @@ toolkit handles; checked, ValueError otherwise); lattice must be a power of two.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple, Sequence
 
@@ -59,11 +62,14 @@ import torch
 
 from reference.errors import check_choice
 from reference.formats import FormatSpec, get_format
-from reference.gemm import (PRESETS, AlignRef, AlphaMode, GemmModel, ScalePoint,
-                            accumulator_format, get_preset, split_bounds)
-from reference.rounding import Mode, Subnormal
+from reference.gemm import (PRESETS, AlphaMode, GemmModel, Schedule,
+                            accumulator_format, get_preset)
+from reference.rounding import Mode, Overflow, Subnormal
+from reference.schedule import Operand, ScaleAt
 
-__all__ = ["emulate", "round_float", "GemmModel", "PRESETS", "get_preset", "INPUT_DTYPES"]
+from .gridround import GridFormat, bit_length, round_int, shift_round, trailing_zeros
+
+__all__ = ["emulate", "round_float", "apply_alpha", "GemmModel", "PRESETS", "get_preset", "INPUT_DTYPES"]
 
 INPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 _I64 = torch.int64
@@ -84,24 +90,15 @@ class _V(NamedTuple):
     kind: torch.Tensor | None  # int8: 0 finite, 1 inf, 2 nan; None = all finite
 
 
-def _flog2(x: torch.Tensor) -> torch.Tensor:
-    """floor(log2 x) for int64 x in [1, 2**53] or a power of two < 2**63 (exact conversion)."""
-    return (x.to(torch.float64).view(_I64) >> 52) - 1023
-
-
 def _bitlen(x: torch.Tensor) -> torch.Tensor:
     """Bit length of int64 x >= 0 (0 -> 0)."""
-    big = x >= (1 << 53)
-    xs = torch.where(big, x >> 11, x).clamp(min=1)  # >> 11 keeps the conversion exact
-    return torch.where(x > 0, _flog2(xs) + 1 + torch.where(big, 11, 0), 0)
+    return bit_length(torch, x)
 
 
 def _strip(N: torch.Tensor, E: torch.Tensor):
     """Drop trailing zero bits (shorter spans make the one-int64 sum path likelier)."""
-    nz = N != 0
-    low = torch.where(nz, N & (-N), 1)
-    tz = torch.where(nz, _flog2(low), 0)
-    return N >> tz, torch.where(nz, E + tz, 0)
+    tz = trailing_zeros(torch, N)
+    return N >> tz, torch.where(N != 0, E + tz, 0)
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
@@ -152,44 +149,19 @@ def _zero(shape, device, neg=False) -> _V:
     return _V(z, z.clone(), torch.full(shape, bool(neg), device=device), None)
 
 
-def _index(v: _V, idx) -> _V:
-    return _V(v.N[idx], v.E[idx], v.neg[idx], None if v.kind is None else v.kind[idx])
-
-
 # ---------------------------------------------------------------------------
 # formats and rounding
 # ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Fmt:
-    name: str
-    man_bits: int
-    emin: int
-    emax: int
-    mmax: int            # max finite = mmax * 2**(emax - man_bits)
-    bias: int
-    subnormals: bool
-    signed: bool
-    has_inf: bool
-    has_nan: bool
+class _Fmt(NamedTuple):
+    """A format's grid (``fp4ref.gridround``) under ``reference.gemm.round_fp``'s policy:
+    IEEE overflow where the format has inf, else saturate (finite overflow and inf) with
+    NaN kept (or rejected if it has none); ``flush``: results below min normal to zero."""
+    g: GridFormat
     flush: bool = False
-
-    @property
-    def top_q(self) -> int:
-        return self.emax - self.man_bits
-
-    @property
-    def has_zero(self) -> bool:
-        return self.subnormals  # e8m0 (no subnormals) has no zero
 
 
 def _fmt(spec: "str | FormatSpec", flush: bool = False) -> _Fmt:
-    """Format plus ``reference.gemm.round_fp``'s policy: IEEE where the format has inf,
-    else saturate (finite overflow and inf) with NaN kept (or rejected if it has none)."""
-    f = get_format(spec)
-    mm = f.max_finite / Fraction(2) ** (f.emax - f.man_bits)
-    assert mm.denominator == 1
-    return _Fmt(f.name, f.man_bits, f.emin, f.emax, int(mm), f.bias, f.subnormals, f.signed,
-                f.has_inf, f.has_nan, flush)
+    return _Fmt(GridFormat.of(spec), flush)
 
 
 _FP32 = _fmt("float32")
@@ -199,97 +171,15 @@ def _acc_fmt(model: GemmModel) -> _Fmt:
     return _fmt(accumulator_format(model.acc_frac_bits), model.acc_subnormal is Subnormal.FLUSH)
 
 
-def _rshift_round(mag, s, sticky, neg, mode: Mode, odd=None):
-    """Round mag / 2**s (mag >= 0, s >= 0; ``sticky``: nonzero bits below mag's last)
-    to an integer with ``mode``; ``odd`` overrides the parity used by RNE/RTO."""
-    big = s >= 63
-    ss = s.clamp(0, 62)
-    n = mag >> ss
-    if mode is Mode.RTZ:  # truncation: no remainder analysis (the MMA family's hot path)
-        n = torch.where(big, 0, n)
-        return n, torch.where(big, mag != 0, (n << ss) != mag) | sticky
-    rem = mag - (n << ss)
-    half = torch.where(ss > 0, 1 << (ss - 1).clamp(min=0), 0)
-    pos = (ss > 0) & ~big
-    above = pos & ((rem > half) | ((rem == half) & sticky))
-    tie = pos & (rem == half) & ~sticky
-    inexact = torch.where(big, (mag != 0) | sticky, (rem != 0) | sticky)
-    n = torch.where(big, 0, n)
-    if odd is None:
-        odd = (n & 1) == 1
-    if mode is Mode.RNE:
-        up = above | (tie & odd)
-    elif mode is Mode.RNA:
-        up = above | tie
-    elif mode is Mode.RTZ:
-        up = torch.zeros_like(inexact)
-    elif mode is Mode.RUP:
-        up = inexact & ~neg
-    elif mode is Mode.RDN:
-        up = inexact & neg
-    elif mode is Mode.RTO:
-        up = inexact & ~odd
-    else:  # pragma: no cover - validated earlier
-        raise ValueError(f"mode: {mode.name} is not a deterministic rounding mode")
-    return n + up.to(_I64), inexact
-
-
 def _round_fin(mag, exp, sticky, neg, f: _Fmt, mode: Mode) -> _V:
     """Round the finite value (-1)**neg * (mag * 2**exp + tail) into format f.
 
     mag >= 0, < 2**62; sticky says tail != 0, in which case mag must carry at least
     man_bits + 2 bits (callers pass the top 62 bits)."""
-    dev = mag.device
-    bl = _bitlen(mag)
-    e = exp + bl - 1
-    if f.subnormals:
-        e = torch.maximum(e, torch.full_like(e, f.emin))
-    qexp = e - f.man_bits
-    s = qexp - exp
-    if f.man_bits == 0:
-        odd = ((e + f.bias) & 1) == 1  # e8m0: the code's parity is the exponent's
-    else:
-        odd = None
-    n_r, _ = _rshift_round(mag, s.clamp(min=0), sticky, neg, mode, odd)
-    n = torch.where(s <= 0, mag << (-s).clamp(0, 62), n_r)
-    er = qexp + _bitlen(n) - 1
-    sig = n >> (f.top_q - qexp).clamp(0, 62)
-    over = (n != 0) & ((er > f.emax) | ((er == f.emax) & (sig > f.mmax)))
-    under = (n != 0) & (er < f.emin)
-    zero_in = mag == 0
-    neg_out = neg & f.signed
-    N = torch.where(neg_out, -n, n)
-    E = qexp
-    kind = torch.zeros(mag.shape, dtype=torch.int8, device=dev)
-    nan = torch.zeros_like(zero_in)
-    if not f.signed:
-        nan = nan | (neg & ~zero_in)
-    if not f.has_zero:
-        nan = nan | zero_in | under
-    if f.has_inf:
-        if mode in (Mode.RNE, Mode.RNA):
-            to_inf = over
-        elif mode is Mode.RUP:
-            to_inf = over & ~neg
-        elif mode is Mode.RDN:
-            to_inf = over & neg
-        else:
-            to_inf = torch.zeros_like(over)
-    else:
-        to_inf = torch.zeros_like(over)
-    sat = over & ~to_inf
-    N = torch.where(sat, torch.where(neg_out, -f.mmax, f.mmax), N)
-    E = torch.where(sat, f.top_q, E)
-    kind = torch.where(to_inf, 1, kind)
-    if f.flush:
-        fl = under & f.has_zero
-        N = torch.where(fl, 0, N)
-    kind = torch.where(nan, 2, kind).to(torch.int8)
-    N = torch.where(kind != 0, 0, N)
-    N, E = _strip(N, E)
-    if not bool((kind != 0).any()):
-        kind = None
-    return _V(N, E, neg_out, kind)
+    r = round_int(torch, neg, mag, exp, f.g, mode, sticky=sticky, flush=f.flush,
+                  overflow=Overflow.IEEE if f.g.has_inf else Overflow.SATFINITE)
+    kind = r.kind if bool((r.kind != 0).any()) else None
+    return _V(torch.where(r.neg, -r.n, r.n), r.exp, r.neg, kind)
 
 
 def _round_value(v: _V, f: _Fmt, mode: Mode) -> _V:
@@ -297,7 +187,7 @@ def _round_value(v: _V, f: _Fmt, mode: Mode) -> _V:
     r = _round_fin(v.N.abs(), v.E, torch.zeros_like(v.neg), v.neg, f, mode)
     if v.kind is None:
         return r
-    k = v.kind
+    k, f = v.kind, f.g
     if bool((k == 2).any()) and not f.has_nan:
         raise ValueError(f"x: NaN cannot be encoded in {f.name} under nan policy RAISE; "
                          "valid choices: TO_ZERO, TO_NEG_ZERO, TO_MAX, RAISE")
@@ -495,20 +385,21 @@ def _add_round(x: _V, y: _V, f: _Fmt, mode: Mode) -> _V:
 # ---------------------------------------------------------------------------
 # the fused step
 # ---------------------------------------------------------------------------
-def _align_terms(N, E, align_bits: int, mode: Mode, X=None, scale_ref: bool = False):
+def _align_terms(N, E, align_bits: int, mode: Mode, X=None, floor: int | None = None):
     """Round each term to a multiple of 2**(emax - align_bits), emax over the row's nonzero terms.
 
     X [R, n - 1] (align_ref EXPONENT_SUM): the products' (columns 1..) alignment exponents, the
     sums of their factors' floor(log2) (_NOEXP where a factor is zero or non-finite: the
     product is then zero or special, so it takes no part); column 0, the accumulator, and
     every term without X use their own floor(log2|t|).
-    scale_ref (align_ref SCALE_EXPONENT_SUM): emax is the max of X over every term, zeros
-    included, and of the accumulator's max(floor(log2|acc|), -126) (-126 when it is zero)."""
+    floor (the plan's ``acc_exp_floor``, align_ref SCALE_EXPONENT_SUM): emax is the max of X
+    over every term, zeros included, and of the accumulator's max(floor(log2|acc|), floor)
+    (floor when it is zero)."""
     nz = N != 0
     mag = N.abs()
-    if scale_ref:  # only the accumulator's own exponent is needed
-        e0 = (E[:, :1] + _bitlen(mag[:, :1]) - 1).clamp(min=-126)
-        e0 = torch.where(nz[:, :1], e0, -126)
+    if floor is not None:  # only the accumulator's own exponent is needed
+        e0 = (E[:, :1] + _bitlen(mag[:, :1]) - 1).clamp(min=floor)
+        e0 = torch.where(nz[:, :1], e0, floor)
         top = torch.cat([e0, X], 1).amax(1, keepdim=True)
     else:
         ex = E + _bitlen(mag) - 1
@@ -517,7 +408,7 @@ def _align_terms(N, E, align_bits: int, mode: Mode, X=None, scale_ref: bool = Fa
         top = torch.where(nz, ex, -_BIG).amax(1, keepdim=True)
     qexp = top - align_bits
     s = qexp - E
-    n, _ = _rshift_round(mag, s.clamp(min=0), torch.zeros_like(nz), N < 0, mode)
+    n = shift_round(torch, N < 0, mag, s.clamp(min=0), mode)
     move = nz & (s > 0)
     Nn = torch.where(move, torch.where(N < 0, -n, n), N)
     En = torch.where(move, qexp.expand_as(E), E)
@@ -529,10 +420,11 @@ class _Restart(Exception):
 
 
 def _fused_step(model: GemmModel, fa: _Fmt, acc: _V, P: _V, force_limbs=False,
-                strict_zero=False, X=None) -> _V:
+                strict_zero=False, X=None, floor=None) -> _V:
     """acc [R] + products P [R, f]: one fused step (reference.gemm.fused_step).
 
-    X: the products' alignment exponents [R, f] under align_ref EXPONENT_SUM (None: VALUE).
+    X: the products' alignment exponents [R, f] (the plan's ``exp_factors``; None: by
+    value); floor: the plan's ``acc_exp_floor`` (see _align_terms).
     strict_zero: raise _Restart when a nonzero sum rounds to zero (its sign would then
     depend on zero products' signs, which pre-reduced chunks do not keep)."""
     N = torch.cat([acc.N[:, None], P.N], 1)
@@ -540,8 +432,7 @@ def _fused_step(model: GemmModel, fa: _Fmt, acc: _V, P: _V, force_limbs=False,
     negs = torch.cat([acc.neg[:, None], P.neg], 1)
     allzero = ~(N != 0).any(1)
     if model.align_bits is not None:
-        N, E = _align_terms(N, E, model.align_bits, model.align_mode, X,
-                            model.align_ref is AlignRef.SCALE_EXPONENT_SUM)
+        N, E = _align_terms(N, E, model.align_bits, model.align_mode, X, floor)
     mag, exp, sticky, neg, zero = _exact_sum(N, E, force_limbs)
     zneg = torch.where(allzero, _zero_sign(negs, model.norm_mode),
                        torch.full_like(allzero, model.norm_mode is Mode.RDN))
@@ -634,7 +525,7 @@ def _exp_of(v: _V) -> torch.Tensor:
 
 
 def _format_exp(v: _V, fmt: str) -> torch.Tensor:
-    """A factor's exponent as an MMA sees it (reference.gemm._format_exponent): floor(log2|x|),
+    """A factor's exponent as an MMA sees it (reference.gemm._factor_exponent): floor(log2|x|),
     or the format's minimum normal exponent for subnormals and zeros (specials: any value,
     their products are special and decided before alignment)."""
     emin = get_format(fmt).emin
@@ -677,68 +568,20 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
     """
     model = _check_model(model)
     check_choice("_paths", _paths, ("auto", "generic", "limbs"))
-    _check_tensor("a", a)
-    _check_tensor("b", b)
-    M, K = a.shape
-    if b.shape[0] != K:
-        raise ValueError(f"b: shape {tuple(b.shape)} does not match a's K={K} (a is {tuple(a.shape)})")
-    Nn = b.shape[1]
-    dev = a.device
-    if b.device != dev:
-        raise ValueError(f"b: device {b.device} differs from a's device {dev}")
-    blocked = scales_a is not None or scales_b is not None or block is not None
-    if blocked:
-        if scales_a is None or scales_b is None or block is None:
-            raise ValueError("scales_a, scales_b, block: a block-scaled GEMM needs all three "
-                             f"(got scales_a={'set' if scales_a is not None else None}, "
-                             f"scales_b={'set' if scales_b is not None else None}, block={block})")
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ValueError(f"block: {block!r} is not an int >= 1")
-        if K % block:
-            raise ValueError(f"block: K={K} is not a multiple of block={block}")
-        _check_tensor("scales_a", scales_a)
-        _check_tensor("scales_b", scales_b)
-        if tuple(scales_a.shape) != (M, K // block):
-            raise ValueError(f"scales_a: shape {tuple(scales_a.shape)} does not match "
-                             f"[M, K // block] = [{M}, {K // block}]")
-        if tuple(scales_b.shape) != (K // block, Nn):
-            raise ValueError(f"scales_b: shape {tuple(scales_b.shape)} does not match "
-                             f"[K // block, N] = [{K // block}, {Nn}]")
-        for nm, t in (("scales_a", scales_a), ("scales_b", scales_b)):
-            if t.device != dev:
-                raise ValueError(f"{nm}: device {t.device} differs from a's device {dev}")
-    bounds = split_bounds(model, K)   # raises for K not a multiple of split_k (equal slices)
-    S = model.split_k
-    if blocked and model.scale_point is ScalePoint.GROUP:
-        if (model.group_size or K) != block:
-            raise ValueError(f"GemmModel.group_size: scale_point GROUP needs group_size == block "
-                             f"({block}), got {model.group_size}")
-        if any(lo % block for lo, _ in bounds):
-            raise ValueError(f"split_k: scale_point GROUP needs slices of whole blocks "
-                             f"({block}); got K={K}, split_k={S}, split_tile={model.split_tile}")
+    plan = _check_operands(model, a, b, scales_a, scales_b, block)
+    M, Nn, dev = a.shape[0], b.shape[1], a.device
     factors = _alpha_factors(alpha, M, Nn, dev)
     nan_out = None
-    if _is_family(model) and get_format(model.output).has_nan:
+    if model.mma_family and get_format(model.output).has_nan:
         a, b, scales_a, scales_b, nan_out = _nan_prepass(a, b, scales_a, scales_b)
-
-    A = _from_float(a)
-    B = _from_float(b)
+    blocked = plan.scales is not ScaleAt.NONE
+    A, B = _from_float(a), _from_float(b)
     SA = _from_float(scales_a) if blocked else None
     SB = _from_float(scales_b) if blocked else None
-    wp = _width(A) + _width(B)
-    if model.product_format is not None:
-        wp = min(wp, get_format(model.product_format).man_bits + 1)
-    if blocked and model.scale_point is ScalePoint.PRODUCT:
-        wp += _width(SA) + _width(SB)
-    elif blocked:
-        if _width(SA) + _width(SB) > 62:
-            raise ValueError("scales_a, scales_b: scale significands wider than 62 bits together")
-    if wp > 62:
-        raise ValueError(f"a, b: products need {wp} significant bits; the emulator supports at most 62 "
-                         "(operand, product_format and scale significand widths added)")
-    ctx = _Ctx(model, A, B, SA, SB, block, _paths, raw=(a, b, scales_a, scales_b))
+    _check_widths(model, plan, A, B, SA, SB)
+    ctx = _Ctx(model, plan, A, B, SA, SB, _paths, raw=(a, b, scales_a, scales_b))
     out = torch.empty(M, Nn, dtype=torch.float32, device=dev)
-    per_row = max(1, Nn * max(2, min(model.fma_width, K // S or 1) + 1))
+    per_row = max(1, Nn * max(2, min(model.fma_width, plan.K // model.split_k or 1) + 1))
     budget = (1 << 25) if dev.type == "cuda" else (1 << 21)
     rows = max(1, budget // per_row)
     for r0 in range(0, M, rows):
@@ -749,10 +592,51 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
     return out
 
 
-def _is_family(model: GemmModel) -> bool:
-    """Blackwell MMA-family models (issue 17): chained instructions, exact runs, or
-    alignment at the operand formats' exponents."""
-    return model.chain or model.exact_group is not None or model.align_ref is AlignRef.SCALE_EXPONENT_SUM
+def _check_operands(model: GemmModel, a, b, scales_a, scales_b, block) -> Schedule:
+    """Check the operands; return the model's plan for their K (which checks the schedule)."""
+    _check_tensor("a", a)
+    _check_tensor("b", b)
+    M, K = a.shape
+    if b.shape[0] != K:
+        raise ValueError(f"b: shape {tuple(b.shape)} does not match a's K={K} (a is {tuple(a.shape)})")
+    Nn = b.shape[1]
+    dev = a.device
+    if b.device != dev:
+        raise ValueError(f"b: device {b.device} differs from a's device {dev}")
+    if scales_a is None and scales_b is None and block is None:
+        return model.plan(K)
+    if scales_a is None or scales_b is None or block is None:
+        raise ValueError("scales_a, scales_b, block: a block-scaled GEMM needs all three "
+                         f"(got scales_a={'set' if scales_a is not None else None}, "
+                         f"scales_b={'set' if scales_b is not None else None}, block={block})")
+    plan = model.plan(K, block)
+    nb = K // plan.block
+    _check_tensor("scales_a", scales_a)
+    _check_tensor("scales_b", scales_b)
+    if tuple(scales_a.shape) != (M, nb):
+        raise ValueError(f"scales_a: shape {tuple(scales_a.shape)} does not match "
+                         f"[M, K // block] = [{M}, {nb}]")
+    if tuple(scales_b.shape) != (nb, Nn):
+        raise ValueError(f"scales_b: shape {tuple(scales_b.shape)} does not match "
+                         f"[K // block, N] = [{nb}, {Nn}]")
+    for nm, t in (("scales_a", scales_a), ("scales_b", scales_b)):
+        if t.device != dev:
+            raise ValueError(f"{nm}: device {t.device} differs from a's device {dev}")
+    return plan
+
+
+def _check_widths(model: GemmModel, plan: Schedule, A: _V, B: _V, SA, SB) -> None:
+    """Products (times PRODUCT block scales) must fit the int64 form: at most 62 bits."""
+    wp = _width(A) + _width(B)
+    if model.product_format is not None:
+        wp = min(wp, get_format(model.product_format).man_bits + 1)
+    if plan.scales is ScaleAt.PRODUCT:
+        wp += _width(SA) + _width(SB)
+    elif plan.scales is ScaleAt.GROUP and _width(SA) + _width(SB) > 62:
+        raise ValueError("scales_a, scales_b: scale significands wider than 62 bits together")
+    if wp > 62:
+        raise ValueError(f"a, b: products need {wp} significant bits; the emulator supports at most 62 "
+                         "(operand, product_format and scale significand widths added)")
 
 
 def _nan_prepass(a, b, sa, sb):
@@ -803,10 +687,14 @@ def _sub(v: _V, *idx) -> _V:
 
 
 class _Ctx:
-    def __init__(self, model: GemmModel, A, B, SA, SB, block, paths, raw=None):
+    """The per-row-chunk engine: walks ``plan`` (reference/schedule.py) with this module's
+    integer arithmetic; fast paths chosen per call (chunked matmul, native FP32)."""
+
+    def __init__(self, model: GemmModel, plan: Schedule, A, B, SA, SB, paths, raw=None):
         self.m = model
+        self.plan = plan
         self.raw = raw
-        self.A, self.B, self.SA, self.SB, self.block = A, B, SA, SB, block
+        self.A, self.B, self.SA, self.SB, self.block = A, B, SA, SB, plan.block
         self.paths = paths
         self.fa = _acc_fmt(model)
         self.pf = _fmt(model.product_format) if model.product_format is not None else None
@@ -819,23 +707,17 @@ class _Ctx:
         self._plan_exps()
 
     def _plan_exps(self) -> None:
-        """Per-operand alignment exponents ([M, K], [K, N], scales), summed per product in
-        _products (O(MK + KN) here, O(R * F) per fused step).  EXPONENT_SUM: floor(log2|x|)
-        (_NOEXP for zeros and specials); SCALE_EXPONENT_SUM: the ``exp_formats`` exponents
-        (subnormals and zeros at the format's emin), scales only for exact runs of a
-        block-scaled GEMM (reference.gemm._alignment_exponents)."""
-        m, A, B, SA, SB = self.m, self.A, self.B, self.SA, self.SB
-        self.xa = self.xb = self.xsa = self.xsb = None
-        if m.align_bits is not None and m.align_ref is AlignRef.EXPONENT_SUM:
-            self.xa, self.xb = _exp_of(A), _exp_of(B)
-            if SA is not None and m.scale_point is ScalePoint.PRODUCT:
-                self.xsa, self.xsb = _exp_of(SA), _exp_of(SB)
-        elif m.align_bits is not None and m.align_ref is AlignRef.SCALE_EXPONENT_SUM:
-            fa, fb, fs = m.exp_formats or ("float32",) * 3
-            if not (m.exact_group and SA is not None):
-                self.xa, self.xb = _format_exp(A, fa), _format_exp(B, fb)
-            if SA is not None:
-                self.xsa, self.xsb = _format_exp(SA, fs or "float32"), _format_exp(SB, fs or "float32")
+        """Per-operand alignment exponents ([M, K], [K, N], scales) of the plan's
+        ``exp_factors``, summed per product in _products (O(MK + KN) here, O(R * F) per
+        fused step).  A factor without a format: floor(log2|x|) (_NOEXP for zeros and
+        specials); with one: that format's exponent (subnormals and zeros at its emin)."""
+        src = {Operand.A: self.A, Operand.B: self.B, Operand.SCALE_A: self.SA, Operand.SCALE_B: self.SB}
+        x = dict.fromkeys(Operand)
+        for f in self.plan.exp_factors or ():
+            v = src[f.operand]
+            x[f.operand] = _exp_of(v) if f.format is None else _format_exp(v, f.format)
+        self.xa, self.xb, self.xsa, self.xsb = (x[Operand.A], x[Operand.B], x[Operand.SCALE_A],
+                                                x[Operand.SCALE_B])
         self.has_x = self.xa is not None or self.xsa is not None
 
     # --- fast path 1: chunks of products summed by an exact float64 matmul -----------
@@ -843,12 +725,13 @@ class _Ctx:
         m = self.m
         blocked = self.SA is not None
         E = m.exact_group
-        runs_ok = E is not None and m.align_ref is not AlignRef.EXPONENT_SUM
+        # chunked runs align by value or by format exponents (not by factor exponent sums)
+        runs_ok = E is not None and all(f.format is not None for f in self.plan.exp_factors or ())
         if (not self.finite or (m.align_bits is not None and not runs_ok) or m.product_format is not None
-                or m.norm_mode is Mode.RDN or (blocked and m.scale_point is not ScalePoint.PRODUCT)):
+                or m.norm_mode is Mode.RDN or self.plan.scales is ScaleAt.GROUP):
             return 0
         # every slice boundary (and so every group and step start) is a multiple of ks
-        ks = math.gcd(*[x for lo, hi in split_bounds(m, self.K) for x in (lo, hi)])
+        ks = math.gcd(*[x for lo, hi in self.plan.bounds for x in (lo, hi)])
         C = math.gcd(m.fma_width, m.group_size or ks, ks)
         if E is not None:  # chunks build whole runs: every step a whole number of runs
             if C % E:
@@ -901,13 +784,13 @@ class _Ctx:
     # --- fast path 2: FP32 RNE sequential sums of exact FP32 products ------------------
     def _plan_native(self) -> bool:
         m = self.m
-        if (m.fma_width != 1 or m.align_bits is not None or m.acc_frac_bits != 23 or _is_family(m)
+        if (m.fma_width != 1 or m.align_bits is not None or m.acc_frac_bits != 23 or m.mma_family
                 or m.norm_mode is not Mode.RNE or m.acc_subnormal is not Subnormal.KEEP
                 or m.product_format is not None):
             return False
         vs = [self.A, self.B]
         if self.SA is not None:
-            if m.scale_point is not ScalePoint.PRODUCT:
+            if self.plan.scales is not ScaleAt.PRODUCT:
                 return False
             vs += [self.SA, self.SB]
         if sum(_width(v) for v in vs) > 24:
@@ -961,7 +844,7 @@ class _Ctx:
         p = _mul_exact(va, vb)
         if self.pf is not None:
             p = _round_value(p, self.pf, Mode.RNE)
-        if SA is not None and self.m.scale_point is ScalePoint.PRODUCT:
+        if self.plan.scales is ScaleAt.PRODUCT:
             blk = torch.arange(k0, k1, device=self.dev) // self.block
             sa = _sub(SA, slice(None), blk)
             sb = _sub(self.SB, blk, slice(None))
@@ -980,7 +863,7 @@ class _Ctx:
 
     # --- exact runs (exact_group E): each run of E products of a step is one addend ---------
     def _runs(self, P: _V, X) -> tuple[_V, torch.Tensor | None]:
-        """[R, f] products -> [R, ceil(f / E)] exact run sums (reference.gemm._exact_runs):
+        """[R, f] products -> [R, ceil(f / E)] exact run sums (reference.gemm._run_terms):
         IEEE specials per run, an exact zero is -0 only if all its products are -0, the run's
         alignment exponent is the largest of its products'.  A run whose exact sum needs more
         than 62 bits marks its row for the reference (self.redo)."""
@@ -1071,17 +954,12 @@ class _Ctx:
         return out
 
     def _rows(self, r0, r1) -> _V:
-        m = self.m
         self.r0, self.r1 = r0, r1
         A = _sub(self.A, slice(r0, r1))
         SA = _sub(self.SA, slice(r0, r1)) if self.SA is not None else None
         R = (r1 - r0) * self.Nn
         self.redo = torch.zeros(R, dtype=torch.bool, device=self.dev)
-        total = None
-        for lo, hi in split_bounds(m, self.K):
-            part = self._slice(A, SA, lo, hi, R)
-            total = part if total is None else _add_round(total, part, _FP32, Mode.RNE)
-        return total
+        return self.plan.run(_EmuArithmetic(self, A, SA, R))
 
     def _finish_rows(self, total: _V, r0, r1, factors) -> torch.Tensor:
         m = self.m
@@ -1093,87 +971,116 @@ class _Ctx:
         c = _round_value(c, _fmt(m.output), m.output_mode)
         return _to_float(c).to(torch.float32).reshape(r1 - r0, self.Nn)
 
-    def _slice(self, A, SA, k0, k1, R) -> _V:
+    def _group(self, A, SA, g, acc: _V) -> _V:
         m = self.m
-        G = m.group_size or max(k1 - k0, 1)
-        outer = None
-        for gi, g0 in enumerate(range(k0, max(k1, k0 + 1), G)):
-            g1 = min(g0 + G, k1)
-            # chain: each group (instruction) starts from the FP32 accumulator, C
-            acc = self._group(A, SA, g0, g1, R, outer if m.chain else None)
-            if SA is not None and m.scale_point is ScalePoint.GROUP:
-                acc = _mul_round(acc, self._group_scale(SA, g0 // self.block), _FP32, Mode.RNE)
-            if m.chain and m.acc_frac_bits == 23:
-                outer = acc  # the accumulator format is FP32 itself: rounding is the identity
-            elif outer is None or m.chain:
-                outer = _round_value(acc, _FP32, m.outer_mode)
-            else:
-                outer = _add_round(outer, acc, _FP32, m.outer_mode)
-        return outer
-
-    def _group(self, A, SA, g0, g1, R, start: _V | None = None) -> _V:
-        m = self.m
-        if self.native:
-            return self._native_group(self.r0, self.r1, g0, g1)
-        if start is not None and self.chunk and bool((_is_zero(start) & start.neg).any()):
+        if self.native:  # (never chained: acc is +0)
+            return self._native_group(self.r0, self.r1, g.lo, g.hi)
+        if self.plan.chain and self.chunk and bool((_is_zero(acc) & acc.neg).any()):
             raise _Restart  # a -0 C: the zero sign then depends on zero products' signs
-        acc = _zero((R,), self.dev) if start is None else start
-        F = m.fma_width
         limbs = self.paths == "limbs"
-        for j0 in range(g0, g1, F):
-            j1 = min(j0 + F, g1)
-            if self.chunk and m.exact_group is not None:
+        floor = self.plan.acc_exp_floor
+        for st in g.steps:
+            j0, j1 = st.lo, st.hi
+            if self.chunk and st.runs is not None:
                 P, X = self._chunk_runs(SA, j0, j1)
-                acc = _fused_step(m, self.fa, acc, P, strict_zero=True, X=X)
+                acc = _fused_step(m, self.fa, acc, P, strict_zero=True, X=X, floor=floor)
             elif self.chunk:
                 P = self._chunk_terms(self.r0, self.r1, SA, j0, j1)
-                acc = _fused_step(m, self.fa, acc, P, strict_zero=True)
+                acc = _fused_step(m, self.fa, acc, P, strict_zero=True, floor=floor)
             else:
                 P, X = self._products(A, SA, j0, j1)
-                if m.exact_group is not None:
+                if st.runs is not None:
                     P, X = self._runs(P, X)
-                acc = _fused_step(m, self.fa, acc, P, limbs, X=X)
+                acc = _fused_step(m, self.fa, acc, P, limbs, X=X, floor=floor)
         return acc
 
     def _lattice(self, c: _V) -> _V:
-        lat = Fraction(self.m.lattice)
-        k = lat.numerator.bit_length() - lat.denominator.bit_length()
-        fin = (c.N != 0)
-        s = (k - c.E).clamp(min=0)
-        n, _ = _rshift_round(c.N.abs(), s, torch.zeros_like(fin), c.neg, Mode.RNE)
-        move = fin & (c.E < k)
-        N = torch.where(move, torch.where(c.neg, -n, n), c.N)
-        E = torch.where(move, k, c.E)
-        N, E = _strip(N, E)
-        return _V(N, E, c.neg, c.kind)
+        return _snap_lattice(c, self.m.lattice)
 
     def _alpha(self, c: _V, factors) -> _V:
-        fs = [_from_float(f) for f in factors]
-        mode = self.m.alpha_mode
-        if mode in (AlphaMode.SEQUENTIAL, AlphaMode.REVERSED):
-            for f in (fs if mode is AlphaMode.SEQUENTIAL else fs[::-1]):
-                c = _mul_round(c, f, _FP32, Mode.RNE)
-            return c
-        if mode is AlphaMode.PREMULTIPLIED:
-            al = _round_value(fs[0], _FP32, Mode.RNE)
-            for f in fs[1:]:
-                al = _mul_round(al, f, _FP32, Mode.RNE)
-            return _mul_round(c, al, _FP32, Mode.RNE)
-        # EXACT: the whole product as an expansion of < 2**62 terms, rounded once
-        terms = [(c.N, c.E)]
-        kind, neg = None, c.neg
-        cur = c
-        for i, f in enumerate(fs):
-            kind, neg = _mul_special(cur, f)
-            cur = _V(torch.where(_is_zero(cur) | _is_zero(f), 0, 1), torch.zeros_like(c.E), neg, kind)
-            pieces = []
-            for tn, te in terms:
-                for sn, se in _split31(tn, te):
-                    for fn, fe in _split31(f.N, f.E):
-                        pieces.append((sn * fn, se + fe))
-            terms = pieces
-        N = torch.stack([t[0] for t in terms], 1)
-        E = torch.stack([t[1] for t in terms], 1)
-        mag, exp, sticky, _, zero = _exact_sum(N, E)
-        r = _round_fin(mag, exp, sticky, neg, _FP32, Mode.RNE)
-        return _finish(r, kind, neg)
+        return _apply_alpha(self.m.alpha_mode, c, factors)
+
+
+class _EmuArithmetic:
+    """``Schedule.run``'s arithmetic for one row chunk of ``_Ctx`` (R = rows x N outputs)."""
+
+    def __init__(self, ctx: _Ctx, A: _V, SA, R: int):
+        self.ctx, self.A, self.SA, self.R = ctx, A, SA, R
+
+    def zero(self) -> _V:
+        return _zero((self.R,), self.ctx.dev)
+
+    def group(self, acc: _V, g) -> _V:
+        return self.ctx._group(self.A, self.SA, g, acc)
+
+    def scale(self, acc: _V, block: int) -> _V:
+        return _mul_round(acc, self.ctx._group_scale(self.SA, block), _FP32, Mode.RNE)
+
+    def round_outer(self, acc: _V) -> _V:
+        if self.ctx.plan.chain and self.ctx.m.acc_frac_bits == 23:
+            return acc  # a chained result in the FP32 accumulator format: rounding is the identity
+        return _round_value(acc, _FP32, self.ctx.plan.outer_mode)
+
+    def add_outer(self, outer: _V, acc: _V) -> _V:
+        return _add_round(outer, acc, _FP32, self.ctx.plan.outer_mode)
+
+    def add_slices(self, total: _V, part: _V) -> _V:
+        return _add_round(total, part, _FP32, Mode.RNE)
+
+
+# ---------------------------------------------------------------------------
+# the epilogue: lattice, alpha
+# ---------------------------------------------------------------------------
+def _snap_lattice(c: _V, lattice) -> _V:
+    """c = L * RNE(c / L) for a power-of-two lattice L."""
+    lat = Fraction(lattice)
+    k = lat.numerator.bit_length() - lat.denominator.bit_length()
+    fin = (c.N != 0)
+    s = (k - c.E).clamp(min=0)
+    n = shift_round(torch, c.neg, c.N.abs(), s, Mode.RNE)
+    move = fin & (c.E < k)
+    N = torch.where(move, torch.where(c.neg, -n, n), c.N)
+    E = torch.where(move, k, c.E)
+    N, E = _strip(N, E)
+    return _V(N, E, c.neg, c.kind)
+
+
+def _apply_alpha(mode: AlphaMode, c: _V, factors) -> _V:
+    """c times the alpha factors (float tensors, flat) as ``mode`` says (reference.gemm
+    ``_apply_alpha``): one FP32 rounding of the exact product, FP32-premultiplied, or one
+    FP32 rounding per factor in order / reversed."""
+    fs = [_from_float(f) for f in factors]
+    if mode in (AlphaMode.SEQUENTIAL, AlphaMode.REVERSED):
+        for f in (fs if mode is AlphaMode.SEQUENTIAL else fs[::-1]):
+            c = _mul_round(c, f, _FP32, Mode.RNE)
+        return c
+    if mode is AlphaMode.PREMULTIPLIED:
+        al = _round_value(fs[0], _FP32, Mode.RNE)
+        for f in fs[1:]:
+            al = _mul_round(al, f, _FP32, Mode.RNE)
+        return _mul_round(c, al, _FP32, Mode.RNE)
+    if mode is not AlphaMode.EXACT:  # GemmModel rejects any other value at construction
+        raise ValueError(f"GemmModel.alpha_mode: unknown value {mode!r}; valid choices: "
+                         + ", ".join(m.name for m in AlphaMode))
+    # EXACT: the whole product as an expansion of < 2**62 terms, rounded once
+    terms = [(c.N, c.E)]
+    kind, neg = None, c.neg
+    cur = c
+    for f in fs:
+        kind, neg = _mul_special(cur, f)
+        cur = _V(torch.where(_is_zero(cur) | _is_zero(f), 0, 1), torch.zeros_like(c.E), neg, kind)
+        terms = [(sn * fn, se + fe) for tn, te in terms for sn, se in _split31(tn, te)
+                 for fn, fe in _split31(f.N, f.E)]
+    N = torch.stack([t[0] for t in terms], 1)
+    E = torch.stack([t[1] for t in terms], 1)
+    mag, exp, sticky, _, zero = _exact_sum(N, E)
+    r = _round_fin(mag, exp, sticky, neg, _FP32, Mode.RNE)
+    return _finish(r, kind, neg)
+
+
+def apply_alpha(model: GemmModel, c: torch.Tensor, factors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The alpha stage of ``model``'s epilogue on accumulated values ``c`` (float32, any
+    shape): the factors (float tensors of c's shape) combined per ``model.alpha_mode``,
+    bit-identical to ``reference.gemm.dot``.  Returns float32 of c's shape."""
+    v = _apply_alpha(model.alpha_mode, _from_float(c.reshape(-1)), [f.reshape(-1) for f in factors])
+    return _to_float(v).float().reshape(c.shape)

@@ -67,15 +67,15 @@ class Quantizer(Protocol):
 
 def _from_bst(q, fmt: str) -> QOperand:
     """fp4ref.quant BlockScaledTensor -> QOperand (2D tiles expanded to per-row scales)."""
-    from fp4ref.gemm_triton import _lut
+    from fp4ref.gemm_triton import code_values
     bm, bk = q.block
     sc = q.scale_codes.to(torch.uint8)
     if bm > 1:
         sc = sc.repeat_interleave(bm, 0)[: q.codes.shape[0]]
     codes = q.codes.to(torch.uint8)
     dev = codes.device
-    vals = _lut("float4_e2m1fn", dev)[codes.long()]
-    scales = _lut(q.scale_fmt, dev)[sc.long()]
+    vals = code_values("float4_e2m1fn", dev)[codes.long()]
+    scales = code_values(q.scale_fmt, dev)[sc.long()]
     alpha = 1.0 if q.tensor_scale is None else float(q.tensor_scale.reshape(-1)[0])
     return QOperand(vals, scales, alpha, bk, codes.contiguous(), sc.contiguous(), fmt, q.scale_fmt)
 
@@ -198,11 +198,11 @@ def qgemm(model, qa: QOperand, qb: QOperand, backend: str = "auto") -> torch.Ten
     from fp4ref import gemm_triton as GT
     name = model if isinstance(model, str) else None
     tri = (backend != "emulate" and qa.codes is not None and qb.codes is not None
-           and qa.values.is_cuda and GT.available() and qa.fmt == qb.fmt and qa.fmt in GT.FORMATS
-           and name in GT._MODELS)
+           and qa.values.is_cuda and GT.available() and qa.fmt == qb.fmt and qa.fmt in GT.OPERAND_FORMATS
+           and name in GT.MODELS)
     if backend == "triton" and not tri:
         raise ValueError("backend: 'triton' needs CUDA, triton, codes of one format and a model in "
-                         + ", ".join(GT._MODELS))
+                         + ", ".join(GT.MODELS))
     if tri:
         return GT.blockscaled_mm(qa.codes, qa.scale_codes, qb.codes, qb.scale_codes, fmt=qa.fmt,
                                  scale_fmt=qa.scale_fmt, block=qa.block, model=name,

@@ -130,13 +130,15 @@ def _mxf4nvf4_model(sf: str):
 
 def mxf4nvf4_chain(a_codes: torch.Tensor, b_codes: torch.Tensor, scale_a: torch.Tensor,
                    scale_b: torch.Tensor, *, scale_format: str, block: int, alpha=None,
-                   out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                   out_dtype: torch.dtype = torch.float32, backend: str = "auto") -> torch.Tensor:
     """``blackwell-mxf4nvf4`` on unpacked operands: kind::mxf4nvf4 instructions chained
     along K from C = +0, then the epilogue (alpha, out_dtype) as in ``scaled_mm``.
 
     ``a_codes`` [M, K], ``b_codes`` [K, N]: e2m1 codes (0..15, one per element);
     ``scale_a`` [M, K/block], ``scale_b`` [K/block, N]: raw scale bytes (uint8);
-    ``scale_format`` "ue4m3" (block 16) or "ue8m0" (block 32 or 16); K a multiple of 64."""
+    ``scale_format`` "ue4m3" (block 16) or "ue8m0" (block 32 or 16); K a multiple of 64.
+    ``backend``: "auto" (the Triton kernel ``fp4ref.chain_triton`` for CUDA tensors, the
+    torch emulator elsewhere), "triton" or "torch"; both give the same bits."""
     sf = check_choice("scale_format", scale_format, ("ue4m3", "ue8m0"))
     blocks = (16,) if sf == "ue4m3" else (32, 16)
     if block not in blocks:
@@ -146,7 +148,21 @@ def mxf4nvf4_chain(a_codes: torch.Tensor, b_codes: torch.Tensor, scale_a: torch.
         raise ValueError(f"out_dtype: unknown value {out_dtype!r}; valid choices: "
                          + ", ".join(map(str, OUT_DTYPES)))
     _check_codes(a_codes, b_codes, scale_a, scale_b, block)
+    if _triton_chain(backend, a_codes.device):
+        from fp4ref.chain_triton import chain_mm
+        return chain_mm(a_codes, b_codes.t(), scale_a, scale_b.t(), scale_format=sf, block=block,
+                        alpha=_alpha(alpha), out_dtype=out_dtype)
     return _finish(_chain(a_codes, b_codes, scale_a, scale_b, sf, block, _alpha(alpha)), out_dtype)
+
+
+def _triton_chain(backend: str, device) -> bool:
+    """The dispatch: Triton only where it can run (CPU tensors never import Triton for "auto")."""
+    if backend == "auto" and torch.device(device).type != "cuda":
+        return False
+    if backend == "torch":
+        return False
+    from fp4ref.chain_triton import use_triton
+    return use_triton(backend, device)
 
 
 def _check_codes(a, b, sa, sb, block: int) -> None:
@@ -282,11 +298,15 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     model, (recipe, sfmt, block, seed_sfmt), A, B, SA, SB = _check(a, b, scale_a, scale_b,
                                                                    model, out_dtype)
     al = _alpha(alpha)
-    from fp4ref.cast import unpack_fp4
-    ac, bc = unpack_fp4(A), unpack_fp4(B.t()).t()             # [M, K], [K, N]
-    M, N = ac.shape[0], bc.shape[1]
+    M, N = A.shape[0], B.shape[1]
     if M == 0 or N == 0:
         return torch.empty((M, N), dtype=out_dtype, device=a.device)
+    if model == "blackwell-mxf4nvf4" and _triton_chain("auto", a.device):
+        from fp4ref.chain_triton import chain_mm   # packed bytes straight to the kernel's prepass
+        return chain_mm(A, B.t(), SA, SB, scale_format=sfmt, block=block, alpha=al,
+                        out_dtype=out_dtype)
+    from fp4ref.cast import unpack_fp4
+    ac, bc = unpack_fp4(A), unpack_fp4(B.t()).t()             # [M, K], [K, N]
     if model == "blackwell-mxf4nvf4":
         return mxf4nvf4_chain(ac, bc, SA, SB.t(), scale_format=sfmt, block=block, alpha=al,
                               out_dtype=out_dtype)

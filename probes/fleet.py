@@ -20,12 +20,13 @@ import platform
 import time
 from pathlib import Path
 
-# one launcher mapping, shared with verify-exhaustive's sharding (re-exported here)
-from fp4ref.verify import first_host, init_group, launch_env
+# one launcher and process-group helper set, shared with verify-exhaustive (re-exported here)
+from fp4ref.harness.launch import close_group, first_host, gather, init_group, launch_env, share_code
 from .backends import canonical_name
 
 __all__ = ["parser", "launch_env", "first_host", "gpu_identity", "init_group", "list_devices", "run_rank",
            "load_done", "gather", "share_code", "close_group"]
+
 
 def parser():
     p = argparse.ArgumentParser(prog="fp4ref fleet", description=__doc__.split("\n\n")[0])
@@ -149,23 +150,33 @@ def _append(path: Path, rec: dict) -> None:
 
 def _probe_cell(dev, base, args) -> dict:
     """--probe: full inference + validation, then the inferred model against the baseline's."""
-    from .cli import probe_device
+    from reference.notation import to_dict
+    from .run import probe_device
     t0 = time.perf_counter()
-    rec = probe_device(dev, quick=args.quick, outputs=20_000 if args.quick else 100_000, seed=args.seed)
-    cell = {"status": "match", "outputs": (rec.get("validation") or {}).get("outputs", 0),
-            "mismatches": 0, "shapes": [], "evidence": None, "probe_status": rec["status"]}
-    v = rec.get("validation") or {}
-    cell["mismatches"] = v.get("outputs", 0) - v.get("matches", 0)
-    if rec["status"] == "error":
-        cell.update(status="error", error=rec.get("error") or "probe failed")
-    elif rec["status"] == "nondeterministic":
-        cell.update(status="differs-nondeterministic", evidence={"notes": rec.get("notes", [])[-4:]})
-    elif base is not None and rec.get("model") != base.get("model"):
+    r = probe_device(dev, quick=args.quick, outputs=20_000 if args.quick else 100_000, seed=args.seed)
+    v = r.validation or {}
+    cell = {"status": "match", "outputs": v.get("outputs", 0), "mismatches": v.get("outputs", 0) - v.get("matches", 0),
+            "shapes": [], "evidence": None, "probe_status": r.status.value}
+    model = None if r.model is None else to_dict(r.model)
+    if r.status == "error":
+        cell.update(status="error", error=r.error or "probe failed")
+    elif r.status == "nondeterministic":
+        cell.update(status="differs-nondeterministic", evidence={"notes": r.notes[-4:]})
+    elif base is not None and model != base.get("model"):
         cell.update(status="differs-deterministic",
-                    evidence={"baseline": (base.get("extra") or {}).get("short"),
-                              "inferred": (rec.get("extra") or {}).get("short"), "status": rec["status"]})
+                    evidence={"baseline": _short_of(base.get("model")), "inferred": _short_of(model),
+                              "status": r.status.value})
     cell["wall_s"] = round(time.perf_counter() - t0, 3)
     return cell
+
+
+def _short_of(model: dict | None) -> str | None:
+    """The short form of a report's model object (None for none, or one that does not parse)."""
+    from reference.notation import from_dict, short
+    try:
+        return short(from_dict(model)) if model else None
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _cell(dev, args, exps, base_devs, share) -> dict:
@@ -208,30 +219,3 @@ def run_rank(args, env: dict, baseline: dict | None, driver: str | None = None) 
         result["cells"].append(dict(cell, resumed=False))
     result["wall_s"] = round(time.perf_counter() - t0, 3)
     return result
-
-
-# --- process group ---------------------------------------------------------------------------------
-def gather(result: dict, env: dict, grouped: bool) -> list | None:
-    """Every rank's result on rank 0 (None elsewhere), over gloo."""
-    if not grouped:
-        return [result]
-    import torch.distributed as dist
-    got = [None] * env["world_size"] if env["rank"] == 0 else None
-    dist.gather_object(result, got, dst=0)
-    return got
-
-
-def share_code(code: int, grouped: bool) -> int:
-    """Every rank exits with the fleet's code from rank 0 (srun reports the highest task code)."""
-    if not grouped:
-        return code
-    import torch.distributed as dist
-    box = [code]
-    dist.broadcast_object_list(box, src=0)
-    return int(box[0])
-
-
-def close_group(grouped: bool) -> None:
-    if grouped:
-        import torch.distributed as dist
-        dist.destroy_process_group()

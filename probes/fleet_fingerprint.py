@@ -20,6 +20,7 @@ import numpy as np
 from reference.errors import check_choice
 from reference.formats import get_format
 from reference.gemm import GemmModel
+from reference.notation import from_dict
 
 from . import probes as P
 from .device import Device, Runner
@@ -47,7 +48,7 @@ class Expectation:
 
 
 def _shape_models(extra: dict) -> dict:
-    return {tuple(e["shape"]): GemmModel.from_dict(e["model"]) for e in extra.get("shape_models") or []
+    return {tuple(e["shape"]): from_dict(e["model"]) for e in extra.get("shape_models") or []
             if e.get("status") == "fit" and e.get("model")}
 
 
@@ -59,7 +60,7 @@ def baseline_expectations(report: dict) -> dict:
     for d in report.get("devices") or []:
         if d.get("status") not in ("fit", "partial") or not d.get("model"):
             continue
-        model = GemmModel.from_dict(d["model"])
+        model = from_dict(d["model"])
         extra = d.get("extra") or {}
         own = _shape_models(extra)
         good: dict = {}

@@ -1,16 +1,16 @@
 """Inference: which model of the reference.gemm family is this device?
 
-The candidate space is a grid over the family, introduced stage by stage (each stage adds
-parameters to every surviving candidate; its probes are built to be insensitive to the
-parameters of later stages):
+The candidate space is a grid over the family (probes.grid), introduced stage by stage (each
+stage adds parameters to every surviving candidate; its probes are built to be insensitive
+to the parameters of later stages).  Letters as in the short form (reference.notation):
 
   output   output_mode (6 modes)                      [narrow outputs only]
-  lattice  None or 2^-k, k = 0..40
-  inner    acc_frac_bits p = 12..23; align_bits W = None or 12..p+4; align_mode (5);
+  lattice  L = None or 2^-k, k = 0..40
+  inner    acc = acc_frac_bits 12..23; align = align_bits None or 12..acc+4; align_mode (5);
            norm_mode (6); product_format None/float32 [products wider than FP32 only]
   width    fma_width F = 1..128 (powers of 2); group_size G = None or 2..128 (G >= F);
            outer_mode (6, with groups); scale_point (block-scaled, G == block)
-  long     G = 256..K/2; split_k = 1, 2, 4, 8, 16
+  long     G = 256..K/2; split = split_k 1, 2, 4, 8, 16
   subnormal acc_subnormal KEEP/FLUSH; alpha alpha_mode (4) [devices with alpha]
 
 Within a stage, each round simulates the surviving candidates (a sample when there are
@@ -34,40 +34,17 @@ import numpy as np
 
 from reference.formats import get_format
 from reference.gemm import AlignRef, AlphaMode, GemmModel, ScalePoint
+from reference.notation import hypothesis_name, short
 from reference.rounding import Mode, Subnormal
 
 from . import probes as P
+from .grid import (ALIGN_MODES, F_GRID, G_SMALL, LATTICE_GRID, P_GRID, ROUND_MODES, SPLIT_GRID, W_GRID,
+                   uneven_splits)
 from .device import Device, DeviceError, Runner
 from .sim import NAN_KEY, ERR_KEY, output_bits, simulate
 
-__all__ = ["Inference", "InferenceResult", "canonical", "short", "predict", "ROUND_MODES",
-           "ALIGN_MODES", "F_GRID", "P_GRID", "LATTICE_GRID", "SPLIT_GRID", "equivalent",
-           "grid_summary"]
-
-ROUND_MODES = (Mode.RNE, Mode.RTZ, Mode.RDN, Mode.RUP, Mode.RNA, Mode.RTO)
-ALIGN_MODES = (Mode.RTZ, Mode.RDN, Mode.RNE, Mode.RNA, Mode.RUP)
-F_GRID = tuple(1 << k for k in range(8))             # 1 .. 128
-G_SMALL = tuple(1 << k for k in range(1, 8))         # 2 .. 128
-P_GRID = tuple(range(P.ACC_BITS_MIN, 24))            # accumulator fraction bits
-LATTICE_GRID = (None,) + tuple(Fraction(1, 1 << k) for k in range(0, 41))
-SPLIT_GRID = (1, 2, 4, 8, 16)
-SPLIT_TILES = (16, 32, 64, 128, 256)                 # k-tiles of uneven split-K slices
-
-
-def W_GRID(p: int):
-    return (None,) + tuple(range(P.ACC_BITS_MIN, p + 5))
-
-
-def grid_summary() -> dict:
-    return {"output_mode": [m.name for m in ROUND_MODES], "lattice": "None or 2^-k, k=0..40",
-            "acc_frac_bits": f"{P_GRID[0]}..{P_GRID[-1]}", "align_bits": "None or 12..acc_frac_bits+4",
-            "align_mode": [m.name for m in ALIGN_MODES],
-            "align_ref": [r.name for r in AlignRef], "norm_mode": [m.name for m in ROUND_MODES],
-            "fma_width": list(F_GRID), "group_size": "None or 2..K/2 (powers of 2, >= F)",
-            "outer_mode": [m.name for m in ROUND_MODES], "split_k": list(SPLIT_GRID),
-            "product_format": "None or float32 (products wider than FP32 only)",
-            "acc_subnormal": ["KEEP", "FLUSH"], "alpha_mode": [a.name for a in AlphaMode]}
-
+__all__ = ["Inference", "InferenceResult", "canonical", "predict", "equivalent", "blackwell_candidates",
+           "product_quantum"]
 
 # --- prediction cache -----------------------------------------------------------------------
 _CACHE: dict = {}
@@ -187,33 +164,6 @@ def _pref(m: GemmModel):
             ALIGN_MODES.index(m.align_mode), m.align_ref is AlignRef.EXPONENT_SUM, mi[m.norm_mode], mi[m.outer_mode], mi[m.output_mode],
             m.acc_subnormal is Subnormal.FLUSH, m.scale_point is ScalePoint.GROUP,
             list(AlphaMode).index(m.alpha_mode))
-
-
-def short(m: GemmModel) -> str:
-    """Compact one-line form: F16 W26:RTZ p23:RTZ G- S1 L- out:RNE."""
-    parts = [f"F{m.fma_width}",
-             "W-" if m.align_bits is None else
-             f"W{m.align_bits}:{m.align_mode.name}{'' if m.align_ref is not AlignRef.EXPONENT_SUM else ':esum'}",
-             f"p{m.acc_frac_bits}:{m.norm_mode.name}"]
-    parts.append("G-" if m.group_size is None else f"G{m.group_size}:{m.outer_mode.name}")
-    if m.chain:
-        parts.append("chain")
-    if m.exact_group is not None:
-        parts.append(f"E{m.exact_group}")
-    if m.align_ref is AlignRef.SCALE_EXPONENT_SUM:
-        parts[1] = parts[1].replace(":SCALE_EXPONENT_SUM", "") + ":scale-esum"
-    if m.split_k != 1:
-        parts.append(f"S{m.split_k}" + (f"/T{m.split_tile}" if m.split_tile else ""))
-    if m.lattice is not None:
-        parts.append(f"L{m.lattice}")
-    if m.product_format:
-        parts.append(f"prod:{m.product_format}")
-    if m.acc_subnormal is Subnormal.FLUSH:
-        parts.append("FTZ")
-    if m.scale_point is ScalePoint.GROUP:
-        parts.append("scale@group")
-    parts.append(f"out:{m.output}:{m.output_mode.name}")
-    return " ".join(parts)
 
 
 def _hex(key: int, fmt: str) -> str:
@@ -825,28 +775,6 @@ def _blackwell_note(model, survivors, records, n_staged) -> str:
     return words
 
 
-def hypothesis_name(m: GemmModel) -> str:
-    """The hypothesis a model is, in words (model cards)."""
-    if not m.chain:
-        from reference.gemm import get_preset
-        seed = get_preset("probe_matched")
-        keys = ("product_format", "fma_width", "align_bits", "acc_frac_bits", "norm_mode", "acc_subnormal",
-                "group_size", "outer_mode", "scale_point", "split_k", "exact_group", "align_ref")
-        if any(getattr(m, k) != getattr(seed, k) for k in keys):
-            return "general family"
-        return "seed probe_matched" + (f" with the {m.lattice} lattice" if m.lattice is not None else "")
-    kind = ("mxf4nvf4" if m.exact_group == 16 and m.group_size == 64 else
-            "mxf8f6f4" if m.exact_group is None and m.group_size == 32 else "neighbour")
-    words = (f"Blackwell {kind} chain (instruction K {m.group_size}, exact groups of "
-             f"{m.exact_group or 1}, {m.align_bits} fraction bits {m.align_mode.name}, "
-             f"{m.norm_mode.name} per instruction, aligned by {m.align_ref.name.lower().replace('_', ' ')}")
-    if m.split_k > 1:
-        words += f", split-K {m.split_k}"
-    if m.lattice is not None:
-        words += f", lattice {m.lattice}"
-    return words + ")"
-
-
 def _zero_sign_probe(p) -> bool:
     """Probes whose output can be a zero of either sign: cancellation (the exact sum at
     least 2^10 below the largest term, so an accumulator may lose what is left), or one
@@ -855,27 +783,6 @@ def _zero_sign_probe(p) -> bool:
         return False
     vals = [P._term_value(t) for t in p.terms]
     return abs(sum(vals)) * 1024 <= max(map(abs, vals)) or sum(1 for v in vals if v) == 1
-
-
-@functools.lru_cache(maxsize=None)
-def uneven_splits(*Ks: int) -> tuple:
-    """(S, T) of the uneven split-K schedules (slices of ceil(K/S) rounded up to a k-tile T,
-    the last shorter, as cuBLAS split-K kernels cut K) that no equal split of SPLIT_GRID
-    gives; each distinct slicing (over all the lengths ``Ks``, the first one split) once."""
-    from reference.gemm import split_bounds
-
-    def sl(m):
-        return tuple(tuple(split_bounds(m, k)) if k % m.split_k == 0 or m.split_tile else None
-                     for k in Ks)
-    seen = {sl(GemmModel("s", split_k=s)) for s in SPLIT_GRID if Ks[0] % s == 0}
-    out = []
-    for S in range(2, 17):
-        for T in SPLIT_TILES:
-            b = sl(GemmModel("s", split_k=S, split_tile=T))
-            if len(b[0]) > 1 and b not in seen:
-                seen.add(b)
-                out.append((S, T))
-    return tuple(out)
 
 
 def _undetermined(ms: list) -> dict:

@@ -32,13 +32,13 @@ from reference.formats import FormatSpec, get_format
 from reference.rounding import Mode, round_exact
 
 from .device import Capabilities
+from .grid import ACC_BITS_MIN
 from .sim import Operands
 
 __all__ = ["Probe", "Realizer", "ProbeContext", "ACC_BITS_MIN", "output_pool", "lattice_pool",
            "inner_pool", "width_pool", "long_pool", "subnormal_pool", "alpha_pool",
            "random_pool", "boundary_scan", "pow2"]
 
-ACC_BITS_MIN = 12  # narrowest accumulator (fraction bits) of the candidate grid
 
 
 def pow2(e: int) -> Fraction:
@@ -431,7 +431,7 @@ def lattice_pool(ctx: ProbeContext, kmax: int = 40) -> list:
 
 
 def inner_pool(ctx: ProbeContext, gap_max: int = 56) -> list:
-    """Two-term sums [c*2^e, t]: alignment (W), accumulator bits (p) and their rounding."""
+    """Two-term sums [c*2^e, t]: alignment (align), accumulator bits (acc) and their rounding."""
     out = []
     fa, fb = ctx.fa, ctx.fb
     wide = fa.man_bits + fb.man_bits + 2 > 24  # products wider than FP32
@@ -497,7 +497,7 @@ def _isolate(terms: list, big_idx: list, blk: int | None, K: int) -> list:
 
 
 def width_pool(ctx: ProbeContext, nmax: int = 256) -> list:
-    """Runs of equal small terms around one big term (F, G, W), and in-step cancellation."""
+    """Runs of equal small terms around one big term (F, G, align), and in-step cancellation."""
     if ctx.caps.block_scaled:
         return _width_pool_blocked(ctx, nmax)
     out = []

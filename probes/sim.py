@@ -9,6 +9,10 @@ falls inside the tail's range.  Those rare rows (deep cancellation) are redone w
 the reference's exact ``fused_step``.  Lattice, alpha and output rounding run on
 float64, where every value involved is exact.
 
+The schedule is the model's plan (``GemmModel.plan``, reference/schedule.py): rows walk
+it step by step, vectorized over rows whose steps have one width (per-row group and slice
+boundaries from their plans); this module supplies only the int64 arithmetic.
+
 Used for candidate predictions during inference (many models x few probes) and
 for validation (one model x many outputs).
 """
@@ -24,105 +28,40 @@ from reference.exact import Exact, Kind
 from reference.formats import get_format
 from reference import gemm as rg
 from reference.rounding import Mode, Subnormal
+from reference.schedule import Operand, ScaleAt, Schedule
+from fp4ref.gridround import (MODE_CODE, GridFormat, bit_length, round_int, shift_round,
+                              trailing_zeros)
 
 __all__ = ["Operands", "simulate", "simulate_matrix", "simulate_gemm", "reference_key", "ERR_KEY", "output_bits", "bits_to_float",
            "NAN_KEY", "MODE_CODE", "round_float64"]
 
 NAN_KEY = -1  # prediction key of any NaN (NaN compares by isnan, not payload)
-MODE_CODE = {Mode.RNE: 0, Mode.RTZ: 1, Mode.RDN: 2, Mode.RUP: 3, Mode.RNA: 4, Mode.RTO: 5}
 _FIN, _INF, _NAN = 0, 1, 2
 _I64 = np.int64
 
 
-# --- integer helpers ------------------------------------------------------------------------
+# --- integer helpers (the fast paths' one rounding kernel: fp4ref.gridround) ------------------
 def _bitlen(x: np.ndarray) -> np.ndarray:
-    """bit_length of non-negative int64 values (< 2^62)."""
-    _, e = np.frexp(x.astype(np.float64))  # frexp(0) = (0, 0)
-    e = e.astype(_I64)
-    if x.size and x.max() >= (1 << 53):
-        # the float conversion may round up to the next power of two
-        e = e - ((e > 0) & ((_I64(1) << np.clip(e - 1, 0, 62)) > x))
-    return e
+    """bit_length of non-negative int64 values."""
+    return bit_length(np, x)
 
 
-def _ctz(x: np.ndarray) -> np.ndarray:
-    low = x & -x  # a power of two: exact in float64
-    _, e = np.frexp(low.astype(np.float64))
-    return np.maximum(e.astype(_I64) - 1, 0)
+_FP32 = GridFormat.of("float32")
 
 
-def _up(mode, neg, q, r, half):
-    """Round-up-in-magnitude decision for inexact r (remainder) vs half."""
-    gt = r > half
-    eq = r == half
-    odd = (q & 1) == 1
-    if np.ndim(mode) == 0 or (mode.size and (mode == mode.flat[0]).all()):
-        m = int(np.asarray(mode).flat[0]) if np.size(mode) else 0
-        return [gt | (eq & odd), np.zeros_like(gt), neg & np.ones_like(gt), ~neg & np.ones_like(gt),
-                gt | eq, ~odd][m]
-    return np.select(
-        [mode == 0, mode == 1, mode == 2, mode == 3, mode == 4, mode == 5],
-        [gt | (eq & odd), np.zeros_like(gt), neg, ~neg, gt | eq, ~odd])
+def _acc_formats(pbits) -> GridFormat:
+    """Per-row accumulator formats (FP32's exponent range, ``acc_frac_bits`` fraction bits)."""
+    uniq = {p: rg.accumulator_format(p) for p in set(pbits)}
+    return GridFormat.stack([uniq[p] for p in pbits])
 
 
-def _shift_round(mag, s, mode, neg):
-    """Round mag / 2^s to an integer by ``mode`` (s > 0 where it matters; clipped at 62).
-
-    Valid for mag < 2^61: for s >= 62 the quotient is 0 and the remainder is below half."""
-    sc = np.clip(s, 0, 62)
-    q = mag >> sc
-    r = mag - (q << sc)
-    half = np.where(sc > 0, _I64(1) << np.maximum(sc - 1, 0), 0)
-    big = s > 62  # true half exceeds any remainder: below half, inexact if r != 0
-    half = np.where(big, np.iinfo(_I64).max, half)
-    up = _up(mode, neg, q, r, half) & (r != 0)
-    return q + up, r != 0
-
-
-@dataclass
-class _Fmt:
-    p: int       # fraction bits
-    emin: int
-    emax: int
-
-
-_FP32 = _Fmt(23, -126, 127)
-
-
-def _round_float(neg, mag, q, fmt: _Fmt, mode, flush=None):
-    """Round (neg, mag, q) (mag < 2^61) to a float with p fraction bits and exponent range.
+def _round_float(neg, mag, q, fmt: GridFormat, mode, flush=None):
+    """Round (neg, mag, q) (mag < 2^62) into ``fmt``; mode: a MODE_CODE array.
 
     Returns (sp, neg, mag, q) with IEEE overflow (mode-dependent inf/max) and optional
-    flush of results below 2^emin to signed zero."""
-    p = fmt.p if np.isscalar(fmt.p) else fmt.p
-    e = q + _bitlen(mag) - 1
-    eq = np.maximum(e, fmt.emin) - p
-    s = eq - q
-    rq, _ = _shift_round(mag, s, mode, neg)
-    exact = s <= 0
-    rmag = np.where(exact, mag, rq)
-    rq_e = np.where(exact, q, eq)
-    nzr = rmag != 0
-    er = rq_e + _bitlen(rmag) - 1
-    over = nzr & (er > fmt.emax)
-    sp = np.zeros(mag.shape, np.int8)
-    if over.any():
-        to_inf = np.select([mode == 0, mode == 4, mode == 3, mode == 2],
-                           [np.ones_like(neg), np.ones_like(neg), ~neg, neg], np.zeros_like(neg))
-        maxmag = (_I64(1) << (p + 1)) - 1
-        maxq = fmt.emax - p
-        sp = np.where(over & to_inf, _INF, 0).astype(np.int8)
-        rmag = np.where(over & ~to_inf, maxmag, rmag)
-        rq_e = np.where(over & ~to_inf, maxq, rq_e)
-        rmag = np.where(over & to_inf, 0, rmag)
-    if flush is not None:
-        tiny = nzr & ~over & (er < fmt.emin) & flush
-        rmag = np.where(tiny, 0, rmag)
-    zero = rmag == 0
-    rq_e = np.where(zero, 0, rq_e)
-    # normalize: strip trailing zeros (keeps later shifts small)
-    tz = _ctz(rmag)
-    return sp, neg.copy(), rmag >> tz, rq_e + tz
+    flush of results below min normal to signed zero; mag's trailing zeros stripped."""
+    r = round_int(np, neg, mag, q, fmt, mode, flush=False if flush is None else flush)
+    return r.kind, r.neg, r.n, r.exp
 
 
 # --- operands ---------------------------------------------------------------------------------
@@ -152,7 +91,7 @@ def _split(x: np.ndarray):
     m, e = np.frexp(fin)
     mag = (m * 2.0 ** 53).astype(_I64)
     q = e.astype(_I64) - 53
-    tz = _ctz(mag)
+    tz = trailing_zeros(np, mag)
     mag = mag >> tz
     q = np.where(mag == 0, 0, q + tz)
     return sp, neg, mag, q
@@ -166,107 +105,116 @@ def _to_f64(sp, neg, mag, q):
 
 
 # --- fused step -----------------------------------------------------------------------------
+def _step_specials(sp, neg, mag):
+    """IEEE specials of a sum (any NaN, or infinities of both signs -> NaN; else the
+    infinity): (out_sp, out_neg, special, allzero) per row."""
+    R = mag.shape[0]
+    if not sp.any():
+        return np.zeros(R, np.int8), np.zeros(R, bool), np.zeros(R, bool), (mag == 0).all(axis=1)
+    isnan = (sp == _NAN).any(axis=1)
+    inf = sp == _INF
+    pinf = (inf & ~neg).any(axis=1)
+    ninf = (inf & neg).any(axis=1)
+    special = isnan | pinf | ninf
+    out_sp = np.where(isnan | (pinf & ninf), _NAN, np.where(pinf | ninf, _INF, 0)).astype(np.int8)
+    return out_sp, ninf & ~pinf, special, ~special & (mag == 0).all(axis=1)
+
+
+def _align_emax(E, mag, pe, ref, sesum, floor):
+    """Per row, the exponent the terms align at: the largest nonzero term's; on ``ref``
+    rows (EXPONENT_SUM) products by their exponent sums ``pe``; on ``sesum`` rows (a plan's
+    ``acc_exp_floor``) every term counts (zeros too) and the accumulator at >= ``floor``."""
+    emax = E.max(axis=1)
+    if pe is not None and ref is not None and ref.any():
+        Ea = E.copy()
+        Ea[:, 1:] = np.where(ref[:, None] & (mag[:, 1:] > 0), pe, E[:, 1:])
+        emax = Ea.max(axis=1)
+    if sesum is not None and sesum.any():
+        Es = np.concatenate([np.maximum(E[:, :1], floor), pe], axis=1)
+        emax = np.where(sesum, Es.max(axis=1), emax)
+    return emax
+
+
+def _aligned_sum(neg, mag, q, emax_al, W, am, aligned):
+    """Aligned rows: each term rounded (``am``) to a multiple of 2^(emax - W), summed
+    exactly: (sum, its exponent)."""
+    qa = emax_al - np.where(aligned, W, 0)
+    s = qa[:, None] - q
+    left = mag << np.clip(-s, 0, 62)
+    rq = shift_round(np, neg, mag, s, am[:, None])
+    al = np.where(s <= 0, left, rq)
+    return np.where(neg, -al, al).sum(axis=1), qa
+
+
+def _proxy_sum(smag, q, qb):
+    """Exact rows: the bits from 2^qb up summed exactly (H), the tail below replaced by a
+    proxy half unit when nonzero: (2H+1 at qb-1, or H at qb), H, and how many terms had
+    a tail (the true sum lies in (H, H + nst) units)."""
+    sh = qb[:, None] - q
+    hi_exact = sh <= 0
+    hi = np.where(hi_exact, smag << np.clip(-sh, 0, 62), smag >> np.clip(sh, 0, 62))
+    rem = np.where(hi_exact, 0, smag - (hi << np.clip(sh, 0, 62)))
+    H = hi.sum(axis=1)
+    nst = (rem != 0).sum(axis=1)
+    sticky = nst > 0
+    return np.where(sticky, 2 * H + 1, H), np.where(sticky, qb - 1, qb), H, nst
+
+
+def _proxy_bad(S, qs, qb, H, nst, accfmt, rows):
+    """Rows (of ``rows``) where a rounding boundary falls inside the proxied tail's range:
+    the proxy may round differently there (redone exactly)."""
+    e_p = qs + _bitlen(np.abs(S)) - 1
+    eqp = np.maximum(e_p, accfmt.emin) - accfmt.man_bits
+    t = eqp - 1 - qb
+    tc = np.clip(t, 0, 62)
+    same = (H >> tc) == ((H + np.maximum(nst, 1) - 1) >> tc)
+    return rows & ((t < 0) | ~same)
+
+
 def _fused_step(acc, prods, W, am, accfmt, nm, flush, fallback, add_rule=False, pe=None, ref=None,
-                sesum=None, ovf=None):
+                sesum=None, ovf=None, floor=None):
     """acc: (sp, neg, mag, q) [R]; prods: same, [R, f]; per-row params [R].
 
-    pe [R, f]: the products' exponent sums, used for alignment on rows where ``ref``
-    (align_ref EXPONENT_SUM) is set; None: every term aligns by its own exponent."""
-    sp = np.concatenate([acc[0][:, None], prods[0]], axis=1)
-    neg = np.concatenate([acc[1][:, None], prods[1]], axis=1)
-    mag = np.concatenate([acc[2][:, None], prods[2]], axis=1)
-    q = np.concatenate([acc[3][:, None], prods[3]], axis=1)
+    pe [R, f]: the products' alignment exponents, used on rows where ``ref`` (align_ref
+    EXPONENT_SUM) or ``sesum`` (``floor``: the plan's acc_exp_floor) is set; None: by its
+    own exponent.  ``ovf``: rows whose |sum| >= 2^128 is +-Inf (overflow_inf)."""
+    sp, neg, mag, q = (np.concatenate([a[:, None], p], axis=1) for a, p in zip(acc, prods))
     R = mag.shape[0]
-    out_sp = np.zeros(R, np.int8)
-    out_neg = np.zeros(R, bool)
-    # specials (IEEE): any NaN, or infinities of both signs -> NaN; else the infinity
-    if sp.any():
-        isnan = (sp == _NAN).any(axis=1)
-        inf = sp == _INF
-        pinf = (inf & ~neg).any(axis=1)
-        ninf = (inf & neg).any(axis=1)
-        special = isnan | pinf | ninf
-        out_sp = np.where(isnan | (pinf & ninf), _NAN, np.where(pinf | ninf, _INF, 0)).astype(np.int8)
-        out_neg = ninf & ~pinf
-        allzero = ~special & (mag == 0).all(axis=1)
-    else:
-        special = np.zeros(R, bool)
-        allzero = (mag == 0).all(axis=1)
+    out_sp, out_neg, special, allzero = _step_specials(sp, neg, mag)
     # IEEE zero sign: all -0 -> -0, all +0 -> +0, mixed -> +0 (-0 under RDN)
     zneg = neg.all(axis=1) | (neg.any(axis=1) & (nm == 2))
     live = ~special & ~allzero
     E = np.where(mag > 0, q + _bitlen(mag) - 1, np.iinfo(_I64).min // 4)
-    emax = E.max(axis=1)
-    emax_al = emax
-    if pe is not None and ref is not None and ref.any():
-        Ea = E.copy()
-        Ea[:, 1:] = np.where(ref[:, None] & (mag[:, 1:] > 0), pe, E[:, 1:])
-        emax_al = Ea.max(axis=1)
-    if sesum is not None and sesum.any():
-        # SCALE_EXPONENT_SUM rows: every term counts (zeros too), the accumulator at >= -126
-        Es = np.concatenate([np.maximum(E[:, :1], -126), pe], axis=1)
-        emax_al = np.where(sesum, Es.max(axis=1), emax_al)
-    smag = np.where(neg, -mag, mag)
-
     aligned = W >= 0
-    any_al = bool(aligned.any())
-    all_al = bool(aligned.all())
+    any_al, all_al = bool(aligned.any()), bool(aligned.all())
     if any_al:
-        # aligned rows: round each term to a multiple of 2^(emax - W)
-        qa = emax_al - np.where(aligned, W, 0)
-        s = qa[:, None] - q
-        left = mag << np.clip(-s, 0, 62)
-        rq, _ = _shift_round(mag, s, am[:, None], neg)
-        al = np.where(s <= 0, left, rq)
-        S_al = np.where(neg, -al, al).sum(axis=1)
-    nterms = mag.shape[1]
-    g = int(nterms).bit_length()
-    qb = emax + 2 + g - 62
+        S_al, qa = _aligned_sum(neg, mag, q, _align_emax(E, mag, pe, ref, sesum, floor), W, am, aligned)
+    qb = E.max(axis=1) + 2 + int(mag.shape[1]).bit_length() - 62
+    sticky = np.zeros(R, bool)
     if not all_al:
-        # exact rows: top bits + sticky; proxy 2H+1 at half a unit when inexact
-        sh = qb[:, None] - q
-        hi_exact = sh <= 0
-        hi = np.where(hi_exact, smag << np.clip(-sh, 0, 62), smag >> np.clip(sh, 0, 62))
-        rem = np.where(hi_exact, 0, smag - (hi << np.clip(sh, 0, 62)))
-        H = hi.sum(axis=1)
-        nst = (rem != 0).sum(axis=1)  # the tail lies in (H, H + nst) units
+        S_ex, q_ex, H, nst = _proxy_sum(np.where(neg, -mag, mag), q, qb)
         sticky = nst > 0
-        S_ex = np.where(sticky, 2 * H + 1, H)
-        q_ex = np.where(sticky, qb - 1, qb)
     if all_al:
-        S, qs, sticky = S_al, qa, np.zeros(R, bool)
+        S, qs = S_al, qa
     elif not any_al:
         S, qs = S_ex, q_ex
     else:
-        S = np.where(aligned, S_al, S_ex)
-        qs = np.where(aligned, qa, q_ex)
+        S, qs = np.where(aligned, S_al, S_ex), np.where(aligned, qa, q_ex)
     S = np.where(live, S, 0)
-    rneg = S < 0
-    r_sp, r_neg, r_mag, r_q = _round_float(rneg, np.abs(S), qs, accfmt, nm, flush)
+    r_sp, r_neg, r_mag, r_q = _round_float(S < 0, np.abs(S), qs, accfmt, nm, flush)
     if ovf is not None and ovf.any():  # overflow_inf: |sum| >= 2^128 is +-Inf
         big = ovf & (S != 0) & (qs + _bitlen(np.abs(S)) - 1 >= 128)
         r_sp = np.where(big, _INF, r_sp).astype(np.int8)
         r_mag = np.where(big, 0, r_mag)
-
-    # validity of the proxy: no rounding boundary inside (H, H + nterms)
-    bad = np.zeros(R, bool)
-    if (live & ~aligned & sticky).any():
-        e_p = qs + _bitlen(np.abs(S)) - 1
-        eqp = np.maximum(e_p, accfmt.emin) - accfmt.p
-        t = eqp - 1 - qb
-        tc = np.clip(t, 0, 62)
-        same = (H >> tc) == ((H + np.maximum(nst, 1) - 1) >> tc)
-        bad = live & ~aligned & sticky & ((t < 0) | ~same)
-    zero_sum = live & (S == 0)
+    inexact = live & ~aligned & sticky
+    bad = _proxy_bad(S, qs, qb, H, nst, accfmt, inexact) if inexact.any() else inexact
     out_sp = np.where(live, r_sp, out_sp)
     out_neg = np.where(live, r_neg, np.where(allzero, zneg, out_neg))
-    out_neg = np.where(zero_sum, nm == 2, out_neg)  # exact zero sum: -0 only under RDN
+    out_neg = np.where(live & (S == 0), nm == 2, out_neg)  # exact zero sum: -0 only under RDN
     out_mag = np.where(live, r_mag, 0)
     out_q = np.where(live, r_q, 0)
-    if not all_al and bad.any():
-        for r in np.nonzero(bad)[0]:
-            res = fallback(r, (sp[r], neg[r], mag[r], q[r]))
-            out_sp[r], out_neg[r], out_mag[r], out_q[r] = res
+    for r in np.nonzero(bad)[0]:
+        out_sp[r], out_neg[r], out_mag[r], out_q[r] = fallback(r, (sp[r], neg[r], mag[r], q[r]))
     return out_sp, out_neg, out_mag, out_q
 
 
@@ -292,7 +240,7 @@ def _parts_of(x: Exact):
     return _FIN, x.negative, n >> tz, tz - e
 
 
-def _add_round(a, b, fmt: _Fmt, mode, fallback_model_mode):
+def _add_round(a, b, fmt: GridFormat, mode, fallback_model_mode):
     """round(a + b) with the reference's _add zero rule (+0 unless both -0)."""
     acc = a
     prods = tuple(x[:, None] for x in b)
@@ -305,21 +253,15 @@ def _add_round(a, b, fmt: _Fmt, mode, fallback_model_mode):
         mode_r = fallback_model_mode[r] if np.ndim(fallback_model_mode) else fallback_model_mode
         x = _exact_of(a[0][r], a[1][r], a[2][r], a[3][r])
         y = _exact_of(b[0][r], b[1][r], b[2][r], b[3][r])
-        sp = rg._special_sum([x, y])
+        sp = rg.special_sum([x, y])
         if sp is None:
-            sp = rg.round_fp(rg._add(x, y, _MODE_OF[int(mode_r)]), _fmt_spec(fmt), _MODE_OF[int(mode_r)])
+            sp = rg.round_fp(rg.add_exact(x, y, _MODE_OF[int(mode_r)]), fmt.name, _MODE_OF[int(mode_r)])
         return _parts_of(sp)
 
     return _fused_step(acc, prods, W, am, fmt, mode, None, fb, add_rule=True)
 
 
 _MODE_OF = {v: k for k, v in MODE_CODE.items()}
-
-
-def _fmt_spec(fmt: _Fmt):
-    if fmt.p == 23 and fmt.emin == -126:
-        return "float32"
-    return rg.accumulator_format(fmt.p)
 
 
 def _esum(*factors) -> np.ndarray:
@@ -334,12 +276,18 @@ def _esum(*factors) -> np.ndarray:
     return np.where(ok, tot, 0).astype(_I64)
 
 
-def _wants_esum(models) -> bool:
-    return any(m.align_ref is rg.AlignRef.EXPONENT_SUM and m.align_bits is not None for m in models)
+def _by_esum(plan: Schedule) -> bool:
+    """The plan aligns products at their factors' exponent sums among the nonzero terms
+    (align_ref EXPONENT_SUM): ``ref`` rows of the fused step."""
+    return plan.exp_factors is not None and plan.acc_exp_floor is None
+
+
+def _wants_esum(plans) -> bool:
+    return any(_by_esum(p) for p in plans)
 
 
 # --- post-accumulation stages on float64 ----------------------------------------------------
-_OUT_FMTS = {"float32": (23, -126, 127), "bfloat16": (7, -126, 127), "float16": (10, -14, 15)}
+_OUT_FMTS = ("float32", "bfloat16", "float16")  # output formats run here (else the reference)
 
 
 def _exact_alpha(v: float, fs: list) -> float:
@@ -375,12 +323,13 @@ def _exact_alpha(v: float, fs: list) -> float:
 def round_float64(x: np.ndarray, fmt: str, mode) -> np.ndarray:
     """Round float64 values to ``fmt`` (float32/bfloat16/float16) with a per-element mode
     code, IEEE overflow; the result is float64 holding the rounded value exactly."""
-    p, emin, emax = _OUT_FMTS[fmt]
+    if fmt not in _OUT_FMTS:
+        raise ValueError(f"fmt: unknown value {fmt!r}; valid choices: {', '.join(_OUT_FMTS)}")
     x = np.asarray(x, dtype=np.float64)
     mode = np.broadcast_to(np.asarray(mode, _I64), x.shape)
     sp, neg, mag, q = _split(x)
     fin = sp == _FIN
-    r = _round_float(neg, mag, q, _Fmt(p, emin, emax), mode)
+    r = _round_float(neg, mag, q, GridFormat.of(fmt), mode)
     out = _to_f64(np.where(fin, r[0], sp), neg, np.where(fin, r[2], 0), np.where(fin, r[3], 0))
     return out
 
@@ -443,8 +392,11 @@ def _post(c: np.ndarray, models: Sequence[rg.GemmModel], alphas: Sequence) -> np
                         v = v * F[:, k]
                         v = np.where(np.isfinite(v), v.astype(np.float32).astype(np.float64), v)
                     out[rs] = v
-                else:  # EXACT: one rounding of the exact product (integers)
+                elif mode is rg.AlphaMode.EXACT:  # one rounding of the exact product (integers)
                     out[rs] = [_exact_alpha(float(x), [float(f) for f in fs]) for x, fs in zip(v, F)]
+                else:  # GemmModel rejects any other value at construction
+                    raise ValueError(f"GemmModel.alpha_mode: unknown value {mode!r}; valid choices: "
+                                     + ", ".join(m.name for m in rg.AlphaMode))
     res = np.empty(R, _I64)
     byfmt: dict = {}
     for r, m in enumerate(models):
@@ -469,15 +421,7 @@ def _post(c: np.ndarray, models: Sequence[rg.GemmModel], alphas: Sequence) -> np
 
 
 # --- main entry -------------------------------------------------------------------------------
-def _products(ops: Operands, model: rg.GemmModel):
-    """Products (float64, exact) and per-block group scales for GROUP scale point."""
-    a = np.asarray(ops.a, np.float64)
-    b = np.asarray(ops.b, np.float64)
-    p = a * b  # exact: <= 48 significant bits, far inside float64's range
-    return p
-
-
-def _supported(model: rg.GemmModel, ops: Operands | None) -> bool:
+def _supported(model: rg.GemmModel) -> bool:
     if model.lattice is not None:
         L = model.lattice
         if L.numerator != 1 or (L.denominator & (L.denominator - 1)):
@@ -487,29 +431,28 @@ def _supported(model: rg.GemmModel, ops: Operands | None) -> bool:
         return False
     if model.align_ref is rg.AlignRef.EXPONENT_SUM and model.align_bits is not None and model.align_bits > 44:
         return False  # exponent sums may sit a few bits below the value: keep int64 headroom
-    if model.product_format is not None and model.product_format not in ("float32", "bfloat16", "float16", "tf32"):
+    if model.product_format is not None and model.product_format not in _PF:
         return False
     return True
 
 
-_PF = {"float32": _Fmt(23, -126, 127), "bfloat16": _Fmt(7, -126, 127), "float16": _Fmt(10, -14, 15),
-       "tf32": _Fmt(10, -126, 127)}
+_PF = ("float32", "bfloat16", "float16", "tf32")  # product formats run here (else the reference)
 
 
-def _rejects(model: rg.GemmModel, K: int, block, grp: bool) -> bool:
-    """True where the reference raises (K not splittable, groups across slices)."""
-    if model.split_tile is None and K % model.split_k:
-        return True
-    return grp and ((model.group_size or K) != block or
-                    any(lo % block for lo, _ in rg.split_bounds(model, K)))
+def _plan(model: rg.GemmModel, K: int, block, scaled: bool) -> Schedule | None:
+    """The model's schedule for these operands (reference/schedule.py); None where the
+    reference raises (K not splittable, GROUP scales across slices, ...)."""
+    try:
+        return model.plan(K, block if scaled else None)
+    except ValueError:
+        return None
 
 
-def _schedule(model: rg.GemmModel, K: int):
-    S = model.split_k
-    ks = K // S if model.split_tile is None else rg.split_bounds(model, K)[0][1]
-    G = min(model.group_size or ks, ks) if ks else 1
-    F = min(model.fma_width, G)
-    return F, G, S
+def _key(plan: Schedule) -> tuple:
+    """Rows of one key run together: (F, K, GROUP scales, block) when every step is F wide
+    (rows may then differ in group and slice boundaries, per-row masks), else one layout."""
+    key = (plan.step_width, plan.K, plan.scales is ScaleAt.GROUP, plan.block)
+    return key if plan.uniform else key + (plan.layout,)
 
 
 def simulate_matrix(models: Sequence[rg.GemmModel], probes: Sequence[Operands]) -> np.ndarray:
@@ -532,31 +475,23 @@ def simulate(models: Sequence[rg.GemmModel], probes: Sequence[Operands]) -> np.n
         raise ValueError(f"probes: {len(probes)} rows but models has {R}")
     out = np.full(R, ERR_KEY, _I64)
     keys: dict = {}
-    slow = []
-    mma_rows: list = []
+    plans: list = [None] * R
+    slow, mma_rows = [], []
     for r, (m, op) in enumerate(zip(models, probes)):
-        K = op.K
-        grp = op.scales_a is not None and m.scale_point is rg.ScalePoint.GROUP
-        if _rejects(m, K, op.block, grp):
-            continue  # the reference rejects it
-        if _is_mma(m):
+        plan = _plan(m, op.K, op.block, op.scales_a is not None)
+        if plan is None:
+            continue  # the reference rejects it: ERR_KEY
+        if m.mma_family:
             mma_rows.append(r)
-            continue
-        if not _supported(m, op):
+        elif not _supported(m):
             slow.append(r)
-            continue
-        F, G, S = _schedule(m, K)
-        ks = K // S
-        if m.split_tile is not None:  # uneven slices: one schedule per key
-            keys.setdefault((F, K, grp, op.block if op.scales_a is not None else None, G, S, m.split_tile),
-                            []).append(r)
-        elif ks % F == 0 and (G % F == 0 or G == ks):
-            keys.setdefault((F, K, grp, op.block if op.scales_a is not None else None), []).append(r)
-        else:  # uneven steps: one schedule per key
-            keys.setdefault((F, K, grp, op.block if op.scales_a is not None else None, G, S), []).append(r)
+        else:
+            plans[r] = plan
+            keys.setdefault(_key(plan), []).append(r)
     c = np.zeros(R)
     for key, rows in keys.items():
-        c[rows] = _run_key(key, [models[r] for r in rows], [probes[r] for r in rows])
+        c[rows] = _run_key(key, [models[r] for r in rows], [probes[r] for r in rows],
+                           [plans[r] for r in rows])
     done = [r for rows in keys.values() for r in rows]
     if done:
         out[done] = _post(c[done], [models[r] for r in done], [probes[r].alpha for r in done])
@@ -588,7 +523,18 @@ def reference_key(model: rg.GemmModel, op: Operands) -> int:
     return encode(e, model.output, Mode.RNE).code
 
 
-def _run_key(key, models: list, probes: list) -> np.ndarray:
+def _plan_esum(plans: list, a, b, sa=None, sb=None) -> np.ndarray | None:
+    """EXPONENT_SUM rows' product exponent sums [R, K] over the plan's ``exp_factors``
+    (a, b [R, K]; sa, sb: callables giving the per-k block scales [R, K]); None if no row
+    aligns that way.  Rows of one key share the factor list (it depends on the scale point)."""
+    ef = next((p.exp_factors for p in plans if _by_esum(p)), None)
+    if ef is None:
+        return None
+    src = {Operand.A: lambda: a, Operand.B: lambda: b, Operand.SCALE_A: sa, Operand.SCALE_B: sb}
+    return _esum(*(src[f.operand]() for f in ef))
+
+
+def _run_key(key, models: list, probes: list, plans: list) -> np.ndarray:
     """Rows of one schedule key; products are built once per distinct probe, without the
     leading all-(+0) columns (neutral: see _run_products)."""
     F, K, grp, block = key[:4]
@@ -602,14 +548,13 @@ def _run_key(key, models: list, probes: list) -> np.ndarray:
     ulist = [ops[k] for k in uniq]
     P = np.stack([np.asarray(op.a, np.float64) * np.asarray(op.b, np.float64) for op in ulist])
     PE = None
-    if _wants_esum(models):
-        fac = [np.stack([np.asarray(op.a, np.float64) for op in ulist]),
-               np.stack([np.asarray(op.b, np.float64) for op in ulist])]
-        if ulist[0].scales_a is not None and not grp:
-            blk = ulist[0].block
-            fac += [np.stack([np.repeat(np.asarray(op.scales_a, np.float64), blk) for op in ulist]),
-                    np.stack([np.repeat(np.asarray(op.scales_b, np.float64), blk) for op in ulist])]
-        PE = _esum(*fac)
+    if _wants_esum(plans):
+        blk = ulist[0].block
+        PE = _plan_esum(
+            plans, np.stack([np.asarray(op.a, np.float64) for op in ulist]),
+            np.stack([np.asarray(op.b, np.float64) for op in ulist]),
+            lambda: np.stack([np.repeat(np.asarray(op.scales_a, np.float64), blk) for op in ulist]),
+            lambda: np.stack([np.repeat(np.asarray(op.scales_b, np.float64), blk) for op in ulist]))
     sab = None
     if ulist[0].scales_a is not None:
         sab = np.stack([np.asarray(op.scales_a, np.float64) * np.asarray(op.scales_b, np.float64)
@@ -627,137 +572,189 @@ def _run_key(key, models: list, probes: list) -> np.ndarray:
         offset = (first // unit) * unit
     P = P[:, offset:]
     parts = tuple(x[idx] for x in _split(P))  # split once per distinct probe, then gather
-    return _run_products(key, models, parts, None if sab is None else sab[idx],
+    return _run_products(key, models, plans, parts, None if sab is None else sab[idx],
                          None if PE is None else PE[:, offset:][idx])
 
 
-def _run_products(key, models: list, P: np.ndarray, scale_prod, pe=None) -> np.ndarray:
-    """Accumulate exact products P [R, K] (block scales already applied unless GROUP).
+class _Rows:
+    """Per-row arithmetic parameters of a batch of models (one array each)."""
 
-    key = (F, K, grp, block[, G, S]); rows may differ in group size and split when F
-    divides both (boundaries are then per-row masks after common fused steps)."""
-    F, K, grp, block = key[:4]
-    R = len(models)
-    parts = P if isinstance(P, tuple) else _split(P)
-    offset = K - parts[2].shape[1]  # the last columns only; the first `offset` are +0
-    psp, pneg, pmag, pq = (np.array(x) for x in parts)
-    # product rounding (product_format)
-    pf = [m.product_format for m in models]
-    if any(pf):
-        for fmtname in set(x for x in pf if x):
-            rows = np.array([r for r in range(R) if pf[r] == fmtname])
-            fin = psp[rows] == _FIN
-            rr = _round_float(pneg[rows], pmag[rows], pq[rows], _PF[fmtname],
-                              np.zeros(pmag[rows].shape, _I64))
-            psp[rows] = np.where(fin, rr[0], psp[rows])
-            pmag[rows] = np.where(fin, rr[2], pmag[rows])
-            pq[rows] = np.where(fin, rr[3], pq[rows])
-    W = np.array([m.align_bits if m.align_bits is not None else -1 for m in models], _I64)
-    am = np.array([MODE_CODE[m.align_mode] for m in models], _I64)
-    nm = np.array([MODE_CODE[m.norm_mode] for m in models], _I64)
-    om = np.array([MODE_CODE[m.outer_mode] for m in models], _I64)
-    pbits = np.array([m.acc_frac_bits for m in models], _I64)
-    flush = np.array([m.acc_subnormal is Subnormal.FLUSH for m in models])
-    accfmt = _Fmt(pbits, -126, 127)
-    rne = np.zeros(R, _I64)
-    ref = np.array([m.align_ref is rg.AlignRef.EXPONENT_SUM for m in models])
-    if pe is None or not ref.any():
-        pe, ref = None, None
+    def __init__(self, models: list):
+        self.W = np.array([m.align_bits if m.align_bits is not None else -1 for m in models], _I64)
+        self.am = np.array([MODE_CODE[m.align_mode] for m in models], _I64)
+        self.nm = np.array([MODE_CODE[m.norm_mode] for m in models], _I64)
+        self.om = np.array([MODE_CODE[m.outer_mode] for m in models], _I64)
+        self.accfmt = _acc_formats([m.acc_frac_bits for m in models])
+        self.flush = np.array([m.acc_subnormal is Subnormal.FLUSH for m in models])
+        self.rne = np.zeros(len(models), _I64)
 
-    def step_fallback(r, parts):
+    def step(self, acc, prods, fallback, **kw):
+        """One fused step of every row."""
+        return _fused_step(acc, prods, self.W, self.am, self.accfmt, self.nm, self.flush, fallback, **kw)
+
+
+def _step_fallback(models: list):
+    """Exact (align_bits None) fused steps whose tail proxy is not valid (deep cancellation):
+    the reference's fused step on that row."""
+    def fallback(r, parts):
         sp, neg, mag, q = parts
-        m = models[r]
         acc = _exact_of(sp[0], neg[0], mag[0], q[0])
         prods = [_exact_of(sp[i], neg[i], mag[i], q[i]) for i in range(1, len(mag))]
-        return _parts_of(rg.fused_step(m, acc, prods))
+        return _parts_of(rg.fused_step(models[r], acc, prods))
+    return fallback
 
-    sched = [_schedule(m, K) for m in models]
-    if len(key) > 4 or any(F != sc[0] for sc in sched):
-        return _run_uneven(key, models, (psp, pneg, pmag, pq), scale_prod, W, am, nm, om, accfmt,
-                           flush, step_fallback, pe, ref)
-    Gr = np.array([sc[1] for sc in sched], _I64)
-    ksr = np.array([K // sc[2] for sc in sched], _I64)
-    zero = lambda n: (np.zeros(n, np.int8), np.zeros(n, bool), np.zeros(n, _I64), np.zeros(n, _I64))
-    acc = zero(R)
-    outer = zero(R)
-    total = zero(R)
-    outer_ok = np.zeros(R, bool)
-    total_ok = np.zeros(R, bool)
+
+def _zeros(R: int):
+    return (np.zeros(R, np.int8), np.zeros(R, bool), np.zeros(R, _I64), np.zeros(R, _I64))
+
+
+def _round_products(models: list, psp, pneg, pmag, pq) -> None:
+    """``product_format``: each row's products rounded RNE in place."""
+    pf = [m.product_format for m in models]
+    for fmtname in set(x for x in pf if x):
+        rows = np.array([r for r in range(len(models)) if pf[r] == fmtname])
+        fin = psp[rows] == _FIN
+        rr = _round_float(pneg[rows], pmag[rows], pq[rows], GridFormat.of(fmtname),
+                          np.zeros(pmag[rows].shape, _I64))
+        psp[rows] = np.where(fin, rr[0], psp[rows])
+        pmag[rows] = np.where(fin, rr[2], pmag[rows])
+        pq[rows] = np.where(fin, rr[3], pq[rows])
+
+
+def _run_products(key, models: list, plans: list, P, scale_prod, pe=None) -> np.ndarray:
+    """Accumulate exact products P [R, K] (block scales already applied unless GROUP).
+
+    key = (F, K, grp, block[, layout]); with a 4-key every step of every row's plan is F
+    wide and the rows may differ in group and slice boundaries (per-row masks)."""
+    K = key[1]
+    parts = P if isinstance(P, tuple) else _split(P)
+    offset = K - parts[2].shape[1]  # the last columns only; the first `offset` are +0
+    prods = tuple(np.array(x) for x in parts)
+    _round_products(models, *prods)
+    rows = _Rows(models)
+    ref = np.array([_by_esum(p) for p in plans])
+    if pe is None or not ref.any():
+        pe, ref = None, None
+    fallback = _step_fallback(models)
+    if len(key) > 4:  # rows sharing one plan layout (any step widths): walk it
+        def terms(st):
+            return (tuple(x[:, st.lo:st.hi] for x in prods), None if pe is None else pe[:, st.lo:st.hi])
+        return _to_f64(*plans[0].run(_SimArithmetic(rows, terms, scale_prod, fallback=fallback, ref=ref)))
+    return _run_uniform(key[0], K, offset, plans, rows, prods, scale_prod, fallback, pe, ref)
+
+
+def _distinct(plans: list):
+    """(row -> index into the distinct plans [R], the distinct plans)."""
+    uniq: dict = {}
+    idx = np.empty(len(plans), np.int64)
+    for r, p in enumerate(plans):
+        idx[r] = uniq.setdefault(id(p), (len(uniq), p))[0]
+    return idx, [p for _, p in uniq.values()]
+
+
+def _boundaries(plans: list, F: int, K: int):
+    """Distinct plans' group and slice ends as step masks [U, K // F] (steps of width F:
+    step j ends at (j + 1) * F): group end, slice end, group scale block (-1: none)."""
+    n = K // F
+    gend = np.zeros((len(plans), n), bool)
+    send = np.zeros((len(plans), n), bool)
+    sblk = np.full((len(plans), n), -1, _I64)
+    for u, p in enumerate(plans):
+        for sl in p.slices:
+            if sl.hi:
+                send[u, sl.hi // F - 1] = True
+            for g in sl.groups:
+                if g.hi:
+                    gend[u, g.hi // F - 1] = True
+                    sblk[u, g.hi // F - 1] = -1 if g.scale_block is None else g.scale_block
+    return gend, send, sblk
+
+
+def _started(plans: list, Z: int):
+    """Per distinct plan, at product Z (the first step run): (a slice has ended, a group of
+    the slice holding Z has ended): the total / outer accumulators already hold +0."""
+    total_ok = np.array([any(0 < sl.hi <= Z for sl in p.slices) for p in plans], bool)
+    outer_ok = np.array([any(g.hi <= Z for sl in p.slices if sl.lo <= Z < sl.hi for g in sl.groups)
+                         for p in plans], bool)
+    return total_ok, outer_ok
+
+
+def _run_uniform(F, K, offset, plans, rows, prods, scale_prod, fallback, pe, ref) -> np.ndarray:
+    """Steps of width F over K for every row; at each step end the rows whose plan ends a
+    group there round it into their outer accumulator (cross-group rounding), the rows
+    whose plan ends a slice add that into their total (split-K)."""
+    psp, pneg, pmag, pq = prods
+    R = len(plans)
+    acc, outer, total = _zeros(R), _zeros(R), _zeros(R)
     # leading +0 products: the accumulator stays +0 and every boundary adds +0 exactly
     plus0 = (psp == _FIN) & (pmag == 0) & ~pneg
     nz_cols = np.nonzero(~plus0.all(axis=0))[0]
     first = offset + (int(nz_cols[0]) if len(nz_cols) else K - offset)
     z = first // F
-    Z = z * F
-    if Z:
-        nsl = Z // ksr
-        total_ok = nsl > 0
-        outer_ok = ((Z - nsl * ksr) // Gr) > 0
+    pidx, uplans = _distinct(plans)
+    gends, sends, sblks = _boundaries(uplans, F, K)
+    total_ok, outer_ok = np.zeros(R, bool), np.zeros(R, bool)
+    if z:
+        t_u, o_u = _started(uplans, z * F)
+        total_ok, outer_ok = t_u[pidx], o_u[pidx]
     for j in range(z, K // F):
-        j0 = j * F
-        c0 = j0 - offset
-        prods = (psp[:, c0:c0 + F], pneg[:, c0:c0 + F], pmag[:, c0:c0 + F], pq[:, c0:c0 + F])
-        acc = _fused_step(acc, prods, W, am, accfmt, nm, flush, step_fallback,
-                          pe=None if pe is None else pe[:, c0:c0 + F], ref=ref)
-        end = j0 + F
-        slice_end = (end % ksr) == 0
-        gend = slice_end | (((end % ksr) % Gr) == 0)
+        c0 = j * F - offset
+        acc = rows.step(acc, tuple(x[:, c0:c0 + F] for x in prods), fallback,
+                        pe=None if pe is None else pe[:, c0:c0 + F], ref=ref)
+        gend, slice_end = gends[pidx, j], sends[pidx, j]
         if gend.any():
             idx = np.nonzero(gend)[0]
             a = tuple(x[idx] for x in acc)
-            if grp:
-                a = _mul_round(a, scale_prod[idx, (end - 1) // block], rne[idx])
-            o_first = _round_only(a, _FP32, om[idx])
-            o_add = _add_round(tuple(x[idx] for x in outer), a, _FP32, om[idx], om[idx])
-            f = ~outer_ok[idx]
-            for x, y0, y1 in zip(outer, o_first, o_add):
-                x[idx] = np.where(f, y0, y1)
-            outer_ok[idx] = True
+            blk = sblks[pidx[idx], j]
+            if (blk >= 0).any():  # scale_point GROUP (every row of the key)
+                a = _mul_round(a, scale_prod[idx, blk], rows.rne[idx])
+            _set_outer(outer, outer_ok, idx, a, rows.om[idx])
             for x in acc:
                 x[idx] = 0
-        if slice_end.any():
+        if slice_end.any():  # split-K: the first slice's value as is, then FP32 RNE adds
             idx = np.nonzero(slice_end)[0]
-            o = tuple(x[idx] for x in outer)
-            t_add = _add_round(tuple(x[idx] for x in total), o, _FP32, rne[idx], rne[idx])
-            f = ~total_ok[idx]
-            for x, y0, y1 in zip(total, o, t_add):
-                x[idx] = np.where(f, y0, y1)
-            total_ok[idx] = True
+            _set_outer(total, total_ok, idx, tuple(x[idx] for x in outer), rows.rne[idx], False)
             outer_ok[idx] = False
     return _to_f64(*total)
 
 
-def _run_uneven(key, models, prods_all, scale_prod, W, am, nm, om, accfmt, flush, step_fallback,
-                pe=None, ref=None):
-    psp, pneg, pmag, pq = prods_all
-    F, G, S = _schedule(models[0], key[1])
-    K = key[1]
-    grp, block = key[2], key[3]
-    R = len(models)
-    rne = np.zeros(R, _I64)
+def _set_outer(outer, ok, idx, a, mode, round_first=True) -> None:
+    """outer[idx] = round(a) (or a) where empty, else round(outer + a): FP32, ``mode``."""
+    o_first = _round_only(a, _FP32, mode) if round_first else a
+    o_add = _add_round(tuple(x[idx] for x in outer), a, _FP32, mode, mode)
+    f = ~ok[idx]
+    for x, y0, y1 in zip(outer, o_first, o_add):
+        x[idx] = np.where(f, y0, y1)
+    ok[idx] = True
 
-    def zero():
-        return (np.zeros(R, np.int8), np.zeros(R, bool), np.zeros(R, _I64), np.zeros(R, _I64))
 
-    total = None
-    for lo, hi in rg.split_bounds(models[0], K):
-        outer = None
-        for g0 in range(lo, hi, G):
-            g1 = min(g0 + G, hi)
-            acc = zero()
-            for j in range(g0, g1, F):
-                j1 = min(j + F, g1)
-                prods = (psp[:, j:j1], pneg[:, j:j1], pmag[:, j:j1], pq[:, j:j1])
-                acc = _fused_step(acc, prods, W, am, accfmt, nm, flush, step_fallback,
-                                  pe=None if pe is None else pe[:, j:j1], ref=ref)
-            if grp:
-                acc = _mul_round(acc, scale_prod[:, (g0 // block)], rne)
-            if outer is None:
-                outer = _round_only(acc, _FP32, om)
-            else:
-                outer = _add_round(outer, acc, _FP32, om, om)
-        total = outer if total is None else _add_round(total, outer, _FP32, rne, rne)
-    return _to_f64(*total)
+class _SimArithmetic:
+    """``Schedule.run``'s arithmetic for rows sharing one plan layout (each row its own
+    rounding modes): ``terms(st)`` gives a step's addends and alignment exponents."""
+
+    def __init__(self, rows: _Rows, terms, scale_prod=None, **step_kw):
+        self.rows, self.terms, self.scale_prod, self.step_kw = rows, terms, scale_prod, step_kw
+
+    def zero(self):
+        return _zeros(len(self.rows.W))
+
+    def group(self, acc, g):
+        for st in g.steps:
+            prods, pe = self.terms(st)
+            acc = self.rows.step(acc, prods, pe=pe, **self.step_kw)
+        return acc
+
+    def scale(self, acc, block: int):
+        return _mul_round(acc, self.scale_prod[:, block], self.rows.rne)
+
+    def round_outer(self, acc):
+        return _round_only(acc, _FP32, self.rows.om)
+
+    def add_outer(self, outer, acc):
+        return _add_round(outer, acc, _FP32, self.rows.om, self.rows.om)
+
+    def add_slices(self, total, part):
+        return _add_round(total, part, _FP32, self.rows.rne, self.rows.rne)
 
 
 def _round_only(x, fmt, mode):
@@ -793,80 +790,77 @@ def simulate_gemm(model: rg.GemmModel, A: np.ndarray, B: np.ndarray, *, scales_a
     M, K = A.shape
     N = B.shape[1]
     out = np.empty((M, N), _I64)
-    grp = scales_a is not None and model.scale_point is rg.ScalePoint.GROUP
-    if _rejects(model, K, block, grp):
+    plan = _plan(model, K, block, scales_a is not None)
+    if plan is None:
         out[:] = ERR_KEY
         return out
-    if _is_mma(model):  # one row per output element, vectorized over all of them
+    if model.mma_family or not _supported(model):  # one row per output element
         ops = [Operands(A[i], B[:, j], None if scales_a is None else np.asarray(scales_a)[i],
                         None if scales_b is None else np.asarray(scales_b)[:, j], block,
                         None if alpha is None else _alpha_ij(alpha, i, j))
                for i in range(M) for j in range(N)]
         flat = out.reshape(-1)
-        _simulate_mma([model] * len(ops), ops, flat, list(range(len(ops))))
+        if model.mma_family:  # vectorized over all of them
+            _simulate_mma([model] * len(ops), ops, flat, list(range(len(ops))))
+        else:
+            flat[:] = [reference_key(model, op) for op in ops]
         return out
-    if not _supported(model, None):
-        for i in range(M):
-            for j in range(N):
-                op = Operands(A[i], B[:, j], None if scales_a is None else scales_a[i],
-                              None if scales_b is None else scales_b[:, j], block,
-                              None if alpha is None else _alpha_ij(alpha, i, j))
-                out[i, j] = reference_key(model, op)
-        return out
-    F, G, S = _schedule(model, K)
-    ks = K // S
-    key = (F, K, grp, block if grp else None)
-    if model.split_tile is not None:
-        key = key + (G, S, model.split_tile)
-    elif not (ks % F == 0 and (G % F == 0 or G == ks)):
-        key = key + (G, S)
+    _gemm_rows(model, plan, A, B, scales_a, scales_b, block, alpha, chunk, out)
+    return out
+
+
+def _neutral_offset(A, B, unit: int, K: int) -> int:
+    """The leading columns whose products are all +0, in whole units: a +0 side times a
+    finite non-negative side (+0 * -x would be -0)."""
+    a0 = ((A == 0) & ~np.signbit(A)).all(axis=0)
+    b0 = ((B == 0) & ~np.signbit(B)).all(axis=1)
+    anon = (~np.signbit(A) & np.isfinite(A)).all(axis=0)
+    bnon = (~np.signbit(B) & np.isfinite(B)).all(axis=1)
+    live = ~((a0 & bnon) | (b0 & anon))
+    nzc = np.nonzero(live)[0]
+    first = int(nzc[0]) if len(nzc) else K
+    return (first // unit) * unit
+
+
+def _gemm_rows(model, plan, A, B, scales_a, scales_b, block, alpha, chunk, out) -> None:
+    """simulate_gemm's vectorized path: every output element a row of one key."""
+    M, K = A.shape
+    N = B.shape[1]
+    key = _key(plan)
+    grp = plan.scales is ScaleAt.GROUP
+    F = plan.step_width
+    offset = 0
+    if len(key) == 4:
+        offset = _neutral_offset(A, B, F if block is None else F * block // np.gcd(F, block), K)
+    A = A[:, offset:]
+    B = B[offset:, :]
+    if scales_a is not None and not grp:  # (group scales are indexed by absolute position)
+        nb0 = offset // block
+        scales_a = np.asarray(scales_a)[:, nb0:]
+        scales_b = np.asarray(scales_b)[nb0:, :]
     rows_per = max(1, chunk // max(K, 1))
     ii, jj = np.meshgrid(np.arange(M), np.arange(N), indexing="ij")
     ii, jj = ii.ravel(), jj.ravel()
     flat = out.reshape(-1)
-    offset = 0
-    if len(key) == 4:
-        unit = F if block is None else F * block // np.gcd(F, block)
-        # a column is neutral when all its products are +0: a +0 side times a finite
-        # non-negative side (+0 * -x would be -0)
-        a0 = ((A == 0) & ~np.signbit(A)).all(axis=0)
-        b0 = ((B == 0) & ~np.signbit(B)).all(axis=1)
-        anon = (~np.signbit(A) & np.isfinite(A)).all(axis=0)
-        bnon = (~np.signbit(B) & np.isfinite(B)).all(axis=1)
-        live = ~((a0 & bnon) | (b0 & anon))
-        nzc = np.nonzero(live)[0]
-        first = int(nzc[0]) if len(nzc) else K
-        offset = (first // unit) * unit
-    A = A[:, offset:]
-    B = B[offset:, :]
-    if scales_a is not None and grp:
-        pass  # group scales are indexed by absolute position inside _run_products
-    elif scales_a is not None:
-        nb0 = offset // block
-        scales_a = np.asarray(scales_a)[:, nb0:]
-        scales_b = np.asarray(scales_b)[nb0:, :]
     for c0 in range(0, M * N, rows_per):
         i = ii[c0:c0 + rows_per]
         j = jj[c0:c0 + rows_per]
         P = A[i, :] * B[:, j].T
+        models, plans = [model] * len(i), [plan] * len(i)
         PE = None
-        if _wants_esum([model]):
-            fac = [A[i, :], B[:, j].T]
-            if scales_a is not None and not grp:
-                fac += [np.repeat(np.asarray(scales_a, np.float64)[i, :], block, axis=1),
-                        np.repeat(np.asarray(scales_b, np.float64)[:, j].T, block, axis=1)]
-            PE = _esum(*fac)
+        if _wants_esum(plans):
+            PE = _plan_esum(plans, A[i, :], B[:, j].T,
+                            lambda: np.repeat(np.asarray(scales_a, np.float64)[i, :], block, axis=1),
+                            lambda: np.repeat(np.asarray(scales_b, np.float64)[:, j].T, block, axis=1))
         sab = None
         if scales_a is not None:
             sab = np.asarray(scales_a, np.float64)[i, :] * np.asarray(scales_b, np.float64)[:, j].T
             if not grp:
                 P = P * np.repeat(sab, block, axis=1)
                 sab = None
-        models = [model] * len(i)
-        c = _run_products(key, models, P, sab, PE)
+        c = _run_products(key, models, plans, P, sab, PE)
         alphas = [None] * len(i) if alpha is None else [_alpha_ij(alpha, a, b) for a, b in zip(i, j)]
         flat[c0:c0 + len(i)] = _post(c, models, alphas)
-    return out
 
 
 def _alpha_ij(alpha, i, j):
@@ -877,15 +871,9 @@ def _alpha_ij(alpha, i, j):
 
 
 # --- Blackwell MMA family (chain / exact_group / SCALE_EXPONENT_SUM; issue 17) ---------------
-def _is_mma(m: rg.GemmModel) -> bool:
-    return m.chain or m.exact_group is not None or m.align_ref is rg.AlignRef.SCALE_EXPONENT_SUM
-
-
-def _mma_key(m: rg.GemmModel, op: Operands):
+def _mma_key(m: rg.GemmModel, plan: Schedule):
     """Rows with one key share one schedule (per-row: widths and rounding modes)."""
-    scaled = op.scales_a is not None
-    return (op.K, op.block if scaled else None, m.group_size, m.fma_width, m.exact_group,
-            m.split_k, m.split_tile, m.chain, m.align_ref, m.exp_formats, m.align_bits is None)
+    return (plan.layout, plan.chain, plan.exp_factors, m.align_bits is None)
 
 
 def _fexp(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -896,101 +884,90 @@ def _fexp(x: np.ndarray, fmt: str) -> np.ndarray:
     return np.where(ax >= float(spec.min_normal), e, spec.emin).astype(_I64)
 
 
-def _mma_terms(model: rg.GemmModel, ops: list):
+def _run_sums(P: np.ndarray, PE, E: int):
+    """Exact runs of E products (float64 TwoSum: a row whose run sum is inexact in float64
+    is flagged for the reference); a run's exponent is the largest of its products'."""
+    R, K = P.shape
+    inexact = np.zeros(R, bool)
+    Pr = P.reshape(R, K // E, E)
+    acc = Pr[:, :, 0].copy()
+    with np.errstate(invalid="ignore"):
+        for i in range(1, E):  # TwoSum: a nonzero error term means the float sum is inexact
+            x = Pr[:, :, i]
+            s_ = acc + x
+            bb = s_ - acc
+            err = (acc - (s_ - bb)) + (x - bb)
+            inexact |= (np.isfinite(s_) & (err != 0)).any(axis=1)
+            acc = s_
+    return acc, (None if PE is None else PE.reshape(R, K // E, E).max(axis=2)), inexact
+
+
+def _mma_terms(plan: Schedule, ops: list):
     """Addends [R, n] (float64, exact) and their exponents [R, n] (None: by value), and a
     mask of rows whose exact runs are not exact in float64 (redone by the reference)."""
-    A = np.stack([np.asarray(o.a, np.float64) for o in ops])
-    B = np.stack([np.asarray(o.b, np.float64) for o in ops])
-    scaled = ops[0].scales_a is not None
-    P = A * B
-    if scaled:
-        blk = ops[0].block
-        SA = np.repeat(np.stack([np.asarray(o.scales_a, np.float64) for o in ops]), blk, axis=1)
-        SB = np.repeat(np.stack([np.asarray(o.scales_b, np.float64) for o in ops]), blk, axis=1)
+    src = {Operand.A: np.stack([np.asarray(o.a, np.float64) for o in ops]),
+           Operand.B: np.stack([np.asarray(o.b, np.float64) for o in ops])}
+    P = src[Operand.A] * src[Operand.B]
+    if plan.scales is ScaleAt.PRODUCT:
+        blk = plan.block
+        sa = np.stack([np.asarray(o.scales_a, np.float64) for o in ops])
+        sb = np.stack([np.asarray(o.scales_b, np.float64) for o in ops])
+        src[Operand.SCALE_A], src[Operand.SCALE_B] = np.repeat(sa, blk, axis=1), np.repeat(sb, blk, axis=1)
         with np.errstate(invalid="ignore"):
-            P = P * (SA * SB)
+            P = P * (src[Operand.SCALE_A] * src[Operand.SCALE_B])
     PE = None
-    if model.align_ref is rg.AlignRef.SCALE_EXPONENT_SUM and model.align_bits is not None:
-        fa, fb, fs = model.exp_formats or ("float32",) * 3
-        PE = np.zeros(P.shape, _I64)
-        if not (model.exact_group and scaled):
-            PE = _fexp(A, fa) + _fexp(B, fb)
-        if scaled:
-            PE = PE + _fexp(SA, fs) + _fexp(SB, fs)
-    inexact = np.zeros(len(ops), bool)
-    E = model.exact_group
+    if plan.exp_factors is not None:
+        PE = sum(_fexp(src[f.operand], f.format) for f in plan.exp_factors)
+    E = plan.exact_group
     if E is not None and E > 1:
-        R, K = P.shape
-        Pr = P.reshape(R, K // E, E)
-        acc = Pr[:, :, 0].copy()
-        with np.errstate(invalid="ignore"):
-            for i in range(1, E):  # TwoSum: a nonzero error term means the float sum is inexact
-                x = Pr[:, :, i]
-                s_ = acc + x
-                bb = s_ - acc
-                err = (acc - (s_ - bb)) + (x - bb)
-                inexact |= (np.isfinite(s_) & (err != 0)).any(axis=1)
-                acc = s_
-        P = acc
-        if PE is not None:
-            PE = PE.reshape(R, K // E, E).max(axis=2)
-    return P, PE, inexact
+        return _run_sums(P, PE, E)
+    return P, PE, np.zeros(len(ops), bool)
 
 
-def _run_mma(models: list, ops: list) -> tuple[np.ndarray, np.ndarray]:
+def _mma_fast(plan: Schedule) -> bool:
+    """The vectorized MMA path covers this plan: PRODUCT (or no) scales, format-exponent
+    alignment (or by value), and exact runs that tile K in whole runs of E."""
+    if plan.scales is ScaleAt.GROUP or _by_esum(plan):
+        return False
+    E = plan.exact_group or 1
+    if E == 1:
+        return True
+    if plan.block is not None and E % plan.block and plan.block % E:
+        return False
+    return all(lo % E == 0 and hi - lo == E for st in plan.steps for lo, hi in st.runs)
+
+
+def _run_mma(models: list, ops: list, plan: Schedule) -> tuple[np.ndarray, np.ndarray]:
     """Accumulated values (float64, before lattice/alpha/output) of rows of one _mma_key,
     and a mask of rows to redo with the reference."""
-    m0 = models[0]
-    R, K = len(models), ops[0].K
-    E = m0.exact_group or 1
-    F, G, S = _schedule(m0, K)
-    if F % E or G % F or any(lo % G for lo, _ in rg.split_bounds(m0, K)) or (
-            ops[0].scales_a is not None and E > 1 and E % ops[0].block and ops[0].block % E):
+    R = len(models)
+    if not _mma_fast(plan):
         return np.zeros(R), np.ones(R, bool)
-    T, TE, slow = _mma_terms(m0, ops)
-    tsp, tneg, tmag, tq = _split(T)
-    W = np.array([m.align_bits if m.align_bits is not None else -1 for m in models], _I64)
-    am = np.array([MODE_CODE[m.align_mode] for m in models], _I64)
-    nm = np.array([MODE_CODE[m.norm_mode] for m in models], _I64)
-    om = np.array([MODE_CODE[m.outer_mode] for m in models], _I64)
-    accfmt = _Fmt(np.array([m.acc_frac_bits for m in models], _I64), -126, 127)
-    flush = np.array([m.acc_subnormal is Subnormal.FLUSH for m in models])
+    E = plan.exact_group or 1
+    T, TE, slow = _mma_terms(plan, ops)
+    terms = _split(T)
+    rows = _Rows(models)
     ovf = np.array([m.overflow_inf for m in models])
     sesum = np.ones(R, bool) if TE is not None else None
-    rne = np.zeros(R, _I64)
+    fallback = _step_fallback(models)
 
-    def fallback(r, parts):  # rare deep cancellation in an exact (align_bits None) step
-        sp, neg, mag, q = parts
-        acc = _exact_of(sp[0], neg[0], mag[0], q[0])
-        return _parts_of(rg.fused_step(models[r], acc, [_exact_of(sp[i], neg[i], mag[i], q[i])
-                                                         for i in range(1, len(mag))]))
-
-    zero = lambda: (np.zeros(R, np.int8), np.zeros(R, bool), np.zeros(R, _I64), np.zeros(R, _I64))
-    total = None
-    for lo, hi in rg.split_bounds(m0, K):
-        outer = None
-        for g0 in range(lo, hi, G):
-            acc = outer if (m0.chain and outer is not None) else zero()
-            for j in range(g0, min(g0 + G, hi), F):
-                c0, c1 = j // E, min(j + F, hi) // E
-                acc = _fused_step(acc, (tsp[:, c0:c1], tneg[:, c0:c1], tmag[:, c0:c1], tq[:, c0:c1]),
-                                  W, am, accfmt, nm, flush, fallback,
-                                  pe=None if TE is None else TE[:, c0:c1], sesum=sesum, ovf=ovf)
-            if outer is None or m0.chain:
-                outer = _round_only(acc, _FP32, om)
-            else:
-                outer = _add_round(outer, acc, _FP32, om, om)
-        total = outer if total is None else _add_round(total, outer, _FP32, rne, rne)
-    return _to_f64(*total), slow
+    def step_terms(st):
+        c0, c1 = st.lo // E, st.hi // E
+        return tuple(x[:, c0:c1] for x in terms), None if TE is None else TE[:, c0:c1]
+    arith = _SimArithmetic(rows, step_terms, fallback=fallback, sesum=sesum, ovf=ovf,
+                           floor=plan.acc_exp_floor)
+    return _to_f64(*plan.run(arith)), slow
 
 
 def _simulate_mma(models: list, probes: list, out: np.ndarray, rows: list) -> None:
     """Fill out[rows] for Blackwell-family rows, vectorized per schedule key."""
     keys: dict = {}
     for r in rows:
-        keys.setdefault(_mma_key(models[r], probes[r]), []).append(r)
-    for rs in keys.values():
-        c, slow = _run_mma([models[r] for r in rs], [probes[r] for r in rs])
+        op = probes[r]
+        plan = models[r].plan(op.K, op.block if op.scales_a is not None else None)
+        keys.setdefault(_mma_key(models[r], plan), (plan, []))[1].append(r)
+    for plan, rs in keys.values():
+        c, slow = _run_mma([models[r] for r in rs], [probes[r] for r in rs], plan)
         fast = [r for r, sl in zip(rs, slow) if not sl]
         if fast:
             cf = np.array([x for x, sl in zip(c, slow) if not sl])

@@ -12,7 +12,8 @@ from reference.rounding import Mode, Subnormal
 from . import probes as P
 from .backends.virtual import mxfp4_caps, nvfp4_caps
 from .device import Capabilities
-from .infer import ALIGN_MODES, F_GRID, P_GRID, ROUND_MODES, W_GRID, canonical, predict
+from .grid import ALIGN_MODES, F_GRID, P_GRID, ROUND_MODES, W_GRID
+from .infer import canonical, predict
 from .sim import simulate_gemm
 from .validate import random_operands
 

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reference.formats import get_format
+from fp4ref.gridround import GridFormat, round_int, unpack_ieee
+from reference.formats import FORMATS, get_format
 from reference.gemm import GemmModel
+from reference.rounding import Mode, Overflow
 
 from .device import Capabilities, Device, DeviceError
-from .sim import NAN_KEY, output_bits, round_float64, simulate_gemm
+from .sim import NAN_KEY, output_bits, simulate_gemm
 
 __all__ = ["random_operands", "validate", "DEFAULT_SHAPES", "ValidationResult", "quantize"]
 
@@ -31,24 +33,43 @@ KINDS = ("normal", "heavy", "cancel")
 
 
 def quantize(x: np.ndarray, fmt: str) -> np.ndarray:
-    """Round float64 values to a format (RNE, saturating): decoded values, exact in it."""
+    """Round float64 values onto a format's grid, saturating: decoded values, exact in it.
+
+    Nearest, by the fast paths' kernel (fp4ref.gridround), keeping the rules this
+    generator has always had so that seeded operands stay bit-identical: float32 is
+    numpy's cast after a clip at +-3e38, tf32 rounds that float32 to 11 significant bits
+    in its own binade (float32's subnormals included), and formats of 8 bits or fewer
+    break ties toward the smaller magnitude, give +0 for -0 and +max for NaN."""
     spec = get_format(fmt)
+    if not spec.has_zero:
+        raise ValueError(f"fmt: {fmt!r} has no zero, so it is no operand format; valid choices: "
+                         + ", ".join(n for n, f in FORMATS.items() if f.has_zero))
     x = np.asarray(x, np.float64)
-    if fmt == "float32":
-        return np.clip(x, -3e38, 3e38).astype(np.float32).astype(np.float64)
-    if fmt in ("bfloat16", "float16"):
-        lim = float(spec.max_finite)
-        return round_float64(np.clip(x, -lim, lim), fmt, 0)
-    if fmt == "tf32":
+    if fmt in ("float32", "tf32"):
         y = np.clip(x, -3e38, 3e38).astype(np.float32).astype(np.float64)
-        m, e = np.frexp(y)
-        return np.ldexp(np.round(m * 2.0 ** 11) / 2.0 ** 11, e)
-    vals = np.array(sorted(float(v) for _, v in spec.finite_values))
-    mag = np.clip(np.abs(x), 0, vals[-1])
-    i = np.clip(np.searchsorted(vals, mag), 1, len(vals) - 1)
-    lo, hi = vals[i - 1], vals[i]
-    pick = np.where(mag - lo <= hi - mag, lo, hi)
-    return np.where(x < 0, -pick, pick) if spec.signed else pick
+        if fmt == "float32":
+            return y
+        # below tf32's normal range the generator keeps 11 significant bits: scale up 2**64
+        s = np.where(np.abs(y) < 2.0 ** -126, 64, 0)
+        return np.where(np.isnan(y), y, np.ldexp(_round64(np.ldexp(y, s), spec, Mode.RNE), -s))
+    if spec.nbits > 8:  # bfloat16, float16: ties to even
+        return _round64(x, spec, Mode.RNE)
+    # ties toward the smaller magnitude: RNA of the next float64 toward zero (every
+    # midpoint of these grids is a float64, so only exact ties fall below it)
+    mag = _round64(np.nextafter(np.abs(x), 0), spec, Mode.RNA)
+    mag = np.where(np.isnan(x), float(spec.max_finite), mag)
+    return np.where(x < 0, -mag, mag) if spec.signed else mag
+
+
+def _round64(x: np.ndarray, spec, mode: Mode) -> np.ndarray:
+    """float64 values rounded into ``spec``, saturating, as float64: -0 kept, +-inf to
+    +-max finite, NaN to NaN."""
+    u = unpack_ieee(np, x.view(np.int64), 52, 11)
+    r = round_int(np, u.neg, np.where(u.nan | u.inf, 0, u.mag), u.exp, GridFormat.of(spec), mode,
+                  overflow=Overflow.SATFINITE, e=u.e)
+    v = np.ldexp(r.n.astype(np.float64), r.exp.astype(np.int32))
+    v = np.where(u.inf, float(spec.max_finite), v)
+    return np.where(u.nan, np.nan, np.where(r.neg, -v, v))
 
 
 def _scale_values(fmt: str, lo_e: int, hi_e: int, rng, shape) -> np.ndarray:
@@ -144,7 +165,7 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
     (a pre-check already found none that explains them)."""
     no_split_search = {tuple(x) for x in no_split_search}
     shape_models = shape_models or {}
-    from reports.schema import ValidationRecorder
+    from .recorder import ValidationRecorder
     t0 = time.perf_counter()
     caps = device.caps
     rng = np.random.default_rng(seed)
@@ -226,7 +247,7 @@ def _split_candidates(model, K):
     """Per-shape schedules: equal splits with any group size, then uneven splits (slices of
     ceil(K/S) rounded up to a k-tile, as cuBLAS split-K kernels cut K) keeping the model's
     group size; each distinct slicing once (the inference's grid)."""
-    from .infer import SPLIT_GRID, uneven_splits
+    from .grid import SPLIT_GRID, uneven_splits
     gs = [model.group_size] + [None] + [1 << k for k in range(4, 14) if (1 << k) < K]
     for S in SPLIT_GRID:
         if K % S == 0:

@@ -1,4 +1,5 @@
-"""Bit-level views of codes for reports: fields, decoded values, ULP distance.
+"""Bit-level views of codes: hex, fields, decoded values, ULP distance (the notation of a
+code in reports, probe evidence and validation records).
 
 Every decode goes through ``reference.formats`` (the FormatSpec table).
 """

@@ -49,6 +49,11 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
    rounding per factor in order or in reverse order).
 7. Output: rounded to ``output`` with ``output_mode`` (IEEE overflow).
 
+Steps 1-4 are the model's schedule: ``GemmModel.plan(K, block)`` gives it as data (the
+slices, groups, fused steps, exact runs, where block scales and each rounding apply, every
+validity check; reference/schedule.py).  ``dot`` walks that plan with exact Fractions, as
+the fast backends (``fp4ref.gemm``, ``probes.sim``) walk it with their own arithmetic.
+
 Special values follow IEEE: any NaN product, inf * 0, or infinities of both
 signs give NaN; otherwise an infinite product gives that infinity.  An exactly
 zero sum (fused step, cross-group or split-K add) is -0 when all its terms are
@@ -61,26 +66,16 @@ from dataclasses import asdict, dataclass, fields, replace
 from fractions import Fraction
 from typing import Sequence
 
+from . import schedule as _schedule
 from .errors import check_choice, parse_enum
 from .exact import Exact, Kind, NAN, exact, floor_log2, pow2
-from .formats import FormatSpec, Specials, get_format
+from .formats import FORMATS, FormatSpec, Specials, get_format
 from .rounding import Mode, Overflow, InfPolicy, NanPolicy, Policy, Subnormal, encode
+from .schedule import AlignRef, Operand, ScaleAt, ScalePoint, Schedule
 
-__all__ = ["ScalePoint", "AlignRef", "AlphaMode", "GemmModel", "PRESETS", "get_preset", "dot", "matmul",
-           "split_bounds",
-           "accumulator_format", "round_fp", "fused_step"]
-
-
-class ScalePoint(enum.Enum):
-    PRODUCT = "product"  # block scales multiply each product (exact)
-    GROUP = "group"      # block scales multiply the rounded group partial
-
-
-class AlignRef(enum.Enum):
-    VALUE = "value"                # floor(log2|t|) of every term
-    EXPONENT_SUM = "exponent_sum"  # products: sum of the factors' exponents (unnormalized)
-    SCALE_EXPONENT_SUM = "scale_exponent_sum"  # MMA-Sim: format exponents (subnormal/zero at
-                                               # emin), exact groups by their scales' exponents
+__all__ = ["ScalePoint", "AlignRef", "AlphaMode", "GemmModel", "Schedule", "PRESETS", "get_preset",
+           "dot", "matmul", "split_bounds", "accumulator_format", "round_fp", "round_fp32",
+           "mul_exact", "add_exact", "special_sum", "fused_step"]
 
 
 class AlphaMode(enum.Enum):
@@ -123,58 +118,68 @@ class GemmModel:
     exp_formats: tuple | None = None  # (a, b, scale) formats for SCALE_EXPONENT_SUM (None: FP32)
 
     def __post_init__(self):
-        def bad(name, val, valid):
-            raise ValueError(f"GemmModel.{name}: invalid value {val!r}; valid choices: {valid}")
-        for name in ("fma_width", "split_k"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                bad(name, v, "an int >= 1")
-        if self.split_tile is not None and (not isinstance(self.split_tile, int) or self.split_tile < 1):
-            bad("split_tile", self.split_tile, "None (equal slices) or an int >= 1")
-        if self.group_size is not None and (not isinstance(self.group_size, int) or self.group_size < 1):
-            bad("group_size", self.group_size, "None or an int >= 1")
-        if self.align_bits is not None and (not isinstance(self.align_bits, int) or self.align_bits < 0):
-            bad("align_bits", self.align_bits, "None (exact) or an int >= 0")
-        if not isinstance(self.acc_frac_bits, int) or not 1 <= self.acc_frac_bits <= 60:
-            bad("acc_frac_bits", self.acc_frac_bits, "an int in [1, 60]")
+        """Check every field: a bad value is a ValueError naming the field, the value and
+        the valid choices (enums may arrive as names, e.g. from JSON)."""
+        if not isinstance(self.name, str):
+            _bad("name", self.name, "a str")
+        self._check_ints()
         if self.lattice is not None:
-            lat = Fraction(self.lattice)
-            if lat <= 0:
-                bad("lattice", self.lattice, "None or a positive rational")
+            try:
+                lat = Fraction(self.lattice)
+            except (TypeError, ValueError):
+                lat = None
+            if lat is None or lat <= 0:
+                _bad("lattice", self.lattice, "None or a positive rational")
             object.__setattr__(self, "lattice", lat)
-        # Enums may arrive as names (e.g. from JSON).
-        for f, cls in (("align_mode", Mode), ("align_ref", AlignRef), ("norm_mode", Mode), ("outer_mode", Mode),
-                       ("output_mode", Mode), ("acc_subnormal", Subnormal),
-                       ("scale_point", ScalePoint), ("alpha_mode", AlphaMode)):
+        for f, cls in _ENUM_FIELDS:
             object.__setattr__(self, f, parse_enum(f"GemmModel.{f}", getattr(self, f), cls))
         if self.align_mode not in _ALIGN_MODES:
-            bad("align_mode", self.align_mode.name, ", ".join(m.name for m in _ALIGN_MODES))
+            _bad("align_mode", self.align_mode.name, ", ".join(m.name for m in _ALIGN_MODES))
         for f in ("norm_mode", "outer_mode", "output_mode"):
             if getattr(self, f) not in _ROUND_MODES:
-                bad(f, getattr(self, f).name, ", ".join(m.name for m in _ROUND_MODES))
-        get_format(self.output)
+                _bad(f, getattr(self, f).name, ", ".join(m.name for m in _ROUND_MODES))
+        _check_format("output", self.output)
         if self.product_format is not None:
-            get_format(self.product_format)
-        self._check_blackwell(bad)
+            _check_format("product_format", self.product_format)
+        self._check_blackwell()
 
-    def _check_blackwell(self, bad):
-        if self.exact_group is not None and (not isinstance(self.exact_group, int)
-                                             or isinstance(self.exact_group, bool) or self.exact_group < 1):
-            bad("exact_group", self.exact_group, "None or an int >= 1")
+    def _check_ints(self):
+        for name, low, none_ok, valid in _INT_FIELDS:
+            v = getattr(self, name)
+            if v is None and none_ok:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < low or (
+                    name == "acc_frac_bits" and v > 60):
+                _bad(name, v, valid)
+
+    def _check_blackwell(self):
         for f in ("chain", "overflow_inf"):
             if not isinstance(getattr(self, f), bool):
-                bad(f, getattr(self, f), "True or False")
+                _bad(f, getattr(self, f), "True or False")
         if self.exp_formats is not None:
-            ef = tuple(self.exp_formats)
+            ef = tuple(self.exp_formats) if isinstance(self.exp_formats, (tuple, list)) else ()
             if len(ef) != 3:
-                bad("exp_formats", self.exp_formats, "None or (a_format, b_format, scale_format or None)")
+                _bad("exp_formats", self.exp_formats, "None or (a_format, b_format, scale_format or None)")
             for x in ef[:2] + tuple(x for x in ef[2:] if x is not None):
-                get_format(x)
+                _check_format("exp_formats", x)
             object.__setattr__(self, "exp_formats", ef)
         if (self.chain or self.exact_group) and self.scale_point is ScalePoint.GROUP:
-            bad("scale_point", "GROUP", "PRODUCT with chain or exact_group")
+            _bad("scale_point", "GROUP", "PRODUCT with chain or exact_group")
         if self.chain and self.group_size is None:
-            bad("group_size", None, "the instruction K (an int) when chain is set")
+            _bad("group_size", None, "the instruction K (an int) when chain is set")
+
+    def plan(self, K: int, block: int | None = None) -> Schedule:
+        """This model's schedule for a length-K dot (``block``: the block-scale size, None
+        without block scales): slices, groups, fused steps, exact runs and the points where
+        scales and roundings apply (``reference.schedule``).  Cached; raises ValueError
+        where the model cannot run K / block."""
+        return _schedule.plan(self, K, block)
+
+    @property
+    def mma_family(self) -> bool:
+        """The Blackwell MMA family (issue 17): chained instructions, exact runs, or
+        alignment at the operand formats' exponents."""
+        return self.chain or self.exact_group is not None or self.align_ref is AlignRef.SCALE_EXPONENT_SUM
 
     # --- serialization (JSON-friendly, used by reports and baselines) ----------
     def to_dict(self) -> dict:
@@ -205,39 +210,26 @@ class GemmModel:
     def replace(self, **kw) -> "GemmModel":
         return replace(self, **kw)
 
-    def describe(self) -> str:
-        """One paragraph in words, for model cards."""
-        parts = ["products exact" if self.product_format is None
-                 else f"products rounded to {self.product_format}"]
-        if self.align_bits is None:
-            parts.append(f"{self.fma_width} product(s) + accumulator summed exactly per step")
-        else:
-            ref = ("" if self.align_ref is AlignRef.VALUE
-                   else " (a product's exponent taken as the sum of its factors' exponents)")
-            parts.append(f"{self.fma_width} product(s) + accumulator per fused step, aligned to the "
-                         f"largest exponent{ref} keeping {self.align_bits} fraction bits ({self.align_mode.name})")
-        if self.exact_group is not None:
-            parts.append(f"inside a step, runs of {self.exact_group} products summed exactly first")
-        if self.align_ref is AlignRef.SCALE_EXPONENT_SUM:
-            parts.append("addends aligned at format exponents (scale-exponent sums for exact runs; "
-                         "subnormals and zeros at the minimum normal exponent)")
-        parts.append(f"normalized to {self.acc_frac_bits} fraction bits with {self.norm_mode.name}"
-                     + (", beyond FP32 range +-Inf" if self.overflow_inf else ""))
-        if self.chain:
-            parts.append(f"instructions of K={self.group_size} chained along K: the FP32 "
-                         "accumulator enters each instruction's fused add as C")
-        elif self.group_size is not None:
-            parts.append(f"groups of {self.group_size} products added into an FP32 accumulator "
-                         f"with {self.outer_mode.name}")
-        if self.split_k > 1:
-            tile = "" if self.split_tile is None else f" of ceil(K/{self.split_k}) rounded up to a multiple of {self.split_tile}"
-            parts.append(f"K split into {self.split_k} slices{tile} summed in FP32 RNE")
-        if self.lattice is not None:
-            parts.append(f"result snapped to multiples of {self.lattice} (RNE)")
-        parts.append(f"output {self.output} ({self.output_mode.name})")
-        return "; ".join(parts)
+
+def _bad(name: str, val, valid) -> None:
+    raise ValueError(f"GemmModel.{name}: invalid value {val!r}; valid choices: {valid}")
 
 
+def _check_format(name: str, fmt) -> None:
+    if not isinstance(fmt, FormatSpec):
+        check_choice(f"GemmModel.{name}", fmt, FORMATS)
+
+
+# (field, minimum, None allowed, valid choices in words)
+_INT_FIELDS = (("fma_width", 1, False, "an int >= 1"), ("split_k", 1, False, "an int >= 1"),
+               ("split_tile", 1, True, "None (equal slices) or an int >= 1"),
+               ("group_size", 1, True, "None or an int >= 1"),
+               ("align_bits", 0, True, "None (exact) or an int >= 0"),
+               ("acc_frac_bits", 1, False, "an int in [1, 60]"),
+               ("exact_group", 1, True, "None or an int >= 1"))
+_ENUM_FIELDS = (("align_mode", Mode), ("align_ref", AlignRef), ("norm_mode", Mode), ("outer_mode", Mode),
+                ("output_mode", Mode), ("acc_subnormal", Subnormal), ("scale_point", ScalePoint),
+                ("alpha_mode", AlphaMode))
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(GemmModel)}
 _OMIT_DEFAULT = ("exact_group", "chain", "overflow_inf", "exp_formats")
 
@@ -262,7 +254,8 @@ def round_fp(v: Exact, fmt, mode: Mode, subnormal: Subnormal = Subnormal.KEEP) -
     return fmt.decode(encode(v, fmt, mode, pol).code)
 
 
-def _fp32(v: Exact, mode: Mode = Mode.RNE) -> Exact:
+def round_fp32(v: Exact, mode: Mode = Mode.RNE) -> Exact:
+    """``v`` rounded to FP32 with ``mode`` (IEEE overflow), as an exact value."""
     return round_fp(v, "float32", mode)
 
 
@@ -276,7 +269,7 @@ def _zero_sign(negs: Sequence[bool], mode: Mode) -> bool:
     return mode is Mode.RDN
 
 
-def _add(a: Exact, b: Exact, mode: Mode = Mode.RNE) -> Exact:
+def add_exact(a: Exact, b: Exact, mode: Mode = Mode.RNE) -> Exact:
     """Exact sum of two finite values; an exact zero gets its IEEE sign under ``mode``."""
     s = a.to_fraction() + b.to_fraction()
     if s == 0:
@@ -284,7 +277,8 @@ def _add(a: Exact, b: Exact, mode: Mode = Mode.RNE) -> Exact:
     return Exact(Kind.FINITE, s < 0, abs(s))
 
 
-def _mul(a: Exact, b: Exact) -> Exact:
+def mul_exact(a: Exact, b: Exact) -> Exact:
+    """Exact product with IEEE specials (NaN, Inf * 0 -> NaN)."""
     if a.is_nan or b.is_nan:
         return NAN
     neg = a.negative != b.negative
@@ -295,7 +289,7 @@ def _mul(a: Exact, b: Exact) -> Exact:
     return Exact(Kind.FINITE, neg, a.mag * b.mag)
 
 
-def _special_sum(terms: Sequence[Exact]) -> Exact | None:
+def special_sum(terms: Sequence[Exact]) -> Exact | None:
     """IEEE result of a sum with non-finite terms, or None if all are finite."""
     if any(t.is_nan for t in terms):
         return NAN
@@ -321,9 +315,22 @@ def _align(t: Fraction, q: Fraction, mode: Mode) -> Fraction:
         up = t < 0
     elif mode is Mode.RNA:
         up = 2 * r > q or (2 * r == q and t > 0)
-    else:  # RNE
+    elif mode is Mode.RNE:
         up = 2 * r > q or (2 * r == q and n % 2 == 1)
+    else:  # GemmModel rejects the others at construction
+        raise ValueError(f"GemmModel.align_mode: {mode.name} is not an alignment mode; valid "
+                         f"choices: {', '.join(m.name for m in _ALIGN_MODES)}")
     return (n + 1) * q if up else n * q
+
+
+def _align_emax(model: GemmModel, vals: list, exps) -> int:
+    """The fused step's alignment exponent: the largest term exponent (``acc_exp_floor``)."""
+    floor = _schedule.acc_exp_floor(model)
+    if floor is not None:  # every addend counts, zeros too; C at >= the floor
+        ea = max(floor_log2(abs(vals[0])), floor) if vals[0] != 0 else floor
+        return max([ea] + [e for e in exps if e is not None])
+    pe = [None] * (len(vals) - 1) if exps is None else list(exps)
+    return max(floor_log2(abs(v)) if e is None else e for v, e in zip(vals, [None] + pe) if v != 0)
 
 
 def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact],
@@ -332,25 +339,16 @@ def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact],
 
     ``exps``: the products' alignment exponents under ``align_ref`` EXPONENT_SUM or
     SCALE_EXPONENT_SUM (None: each term's own floor(log2|t|))."""
-    sp = _special_sum([acc, *products])
+    sp = special_sum([acc, *products])
     if sp is not None:
         return sp
     vals = [acc.to_fraction()] + [p.to_fraction() for p in products]
-    nz = [v for v in vals if v != 0]
-    if not nz:
+    if not any(vals):
         # IEEE: zeros of one sign keep it; mixed signs give +0 (-0 under RDN).
         return Exact(Kind.FINITE, _zero_sign([acc.negative] + [p.negative for p in products],
                                              model.norm_mode))
     if model.align_bits is not None:
-        if model.align_ref is AlignRef.SCALE_EXPONENT_SUM:
-            # every addend counts, zeros too; C enters with FP32's minimum normal exponent
-            ea = max(floor_log2(abs(vals[0])), -126) if vals[0] != 0 else -126
-            emax = max([ea] + [e for e in exps if e is not None])
-        else:
-            pe = [None] * len(products) if exps is None else list(exps)
-            emax = max(floor_log2(abs(v)) if e is None else e
-                       for v, e in zip(vals, [None] + pe) if v != 0)
-        q = pow2(emax - model.align_bits)
+        q = pow2(_align_emax(model, vals, exps) - model.align_bits)
         vals = [_align(v, q, model.align_mode) for v in vals]
     s = sum(vals, Fraction(0))
     if model.overflow_inf and abs(s) >= pow2(128):
@@ -361,49 +359,96 @@ def fused_step(model: GemmModel, acc: Exact, products: Sequence[Exact],
     return round_fp(v, accumulator_format(model.acc_frac_bits), model.norm_mode, model.acc_subnormal)
 
 
-def _exact_runs(model: GemmModel, prods: Sequence[Exact], exps):
-    """``exact_group`` E: each run of E products summed exactly (one addend); its exponent
-    is the largest of its products' exponents.  An exact zero is -0 only if all are -0."""
-    E = model.exact_group
-    if E is None:
-        return prods, exps
+def _run_terms(runs, prods: Sequence[Exact], exps):
+    """A step's exact runs (``Step.runs``): each run of products summed exactly (one
+    addend), its exponent the largest of its products'.  An exact zero is -0 only if all
+    its products are -0."""
     terms, tex = [], []
-    for i in range(0, len(prods), E):
-        run = prods[i:i + E]
-        t = _special_sum(run)
+    for lo, hi in runs:
+        run = prods[lo:hi]
+        t = special_sum(run)
         if t is None:
             s = sum((p.to_fraction() for p in run), Fraction(0))
             t = (Exact(Kind.FINITE, s < 0, abs(s)) if s != 0 else
                  Exact(Kind.FINITE, all(p.negative for p in run)))
         terms.append(t)
         if exps is not None:
-            es = [e for e in exps[i:i + E] if e is not None]
+            es = [e for e in exps[lo:hi] if e is not None]
             tex.append(max(es) if es else None)
     return terms, (tex if exps is not None else None)
 
 
-def _reduce_slice(model: GemmModel, prods: Sequence[Exact], group_scales: Sequence[Exact] | None,
-                  exps: Sequence[int | None] | None = None, c: Exact | None = None) -> Exact:
-    G = model.group_size or max(len(prods), 1)
-    F = model.fma_width
-    outer: Exact | None = c
-    for gi, g0 in enumerate(range(0, max(len(prods), 1), G)):
-        grp = prods[g0:g0 + G]
-        acc = outer if model.chain and outer is not None else Exact(Kind.FINITE, False)
-        for j in range(0, len(grp), F):
-            ex = None if exps is None else exps[g0 + j:g0 + j + min(F, len(grp) - j)]
-            terms, tex = _exact_runs(model, grp[j:j + F], ex)
-            acc = fused_step(model, acc, terms, tex)
-        if group_scales is not None:
-            acc = _fp32(_mul(acc, group_scales[gi]))
-        if outer is None or model.chain:
-            outer = round_fp(acc, "float32", model.outer_mode)
-        else:
-            sp = _special_sum([outer, acc])
-            if sp is None:
-                sp = round_fp(_add(outer, acc, model.outer_mode), "float32", model.outer_mode)
-            outer = sp
-    return outer
+class _ExactArithmetic:
+    """``Schedule.run``'s arithmetic in exact values: the fused steps of ``prods`` (with
+    their alignment exponents ``exps``), group scales ``sab``, FP32 roundings."""
+
+    def __init__(self, model: GemmModel, prods: Sequence[Exact], exps, sab):
+        self.model, self.prods, self.exps, self.sab = model, prods, exps, sab
+
+    def zero(self) -> Exact:
+        return Exact(Kind.FINITE, False)
+
+    def group(self, acc: Exact, group) -> Exact:
+        prods, exps = self.prods, self.exps
+        for st in group.steps:
+            if st.runs is None:
+                terms, tex = prods[st.lo:st.hi], None if exps is None else exps[st.lo:st.hi]
+            else:
+                terms, tex = _run_terms(st.runs, prods, exps)
+            acc = fused_step(self.model, acc, terms, tex)
+        return acc
+
+    def scale(self, acc: Exact, block: int) -> Exact:
+        return round_fp32(mul_exact(acc, self.sab[block]))
+
+    def round_outer(self, acc: Exact) -> Exact:
+        return round_fp32(acc, self.model.outer_mode)
+
+    def add_outer(self, outer: Exact, acc: Exact) -> Exact:
+        return _add_round(outer, acc, self.model.outer_mode)
+
+    def add_slices(self, total: Exact, part: Exact) -> Exact:
+        return _add_round(total, part, Mode.RNE)
+
+
+def _add_round(x: Exact, y: Exact, mode: Mode) -> Exact:
+    """round(x + y) to FP32 with ``mode`` (IEEE specials; an exact zero's sign per ``mode``)."""
+    sp = special_sum([x, y])
+    return sp if sp is not None else round_fp32(add_exact(x, y, mode), mode)
+
+
+def _epilogue(model: GemmModel, c: Exact, alpha) -> Exact:
+    """Lattice, alpha (``alpha_mode``), output rounding."""
+    if model.lattice is not None and c.is_finite and c.mag != 0:
+        L = model.lattice
+        n, r = divmod(c.mag, L)
+        n = int(n)
+        if 2 * r > L or (2 * r == L and n % 2 == 1):
+            n += 1
+        c = Exact(Kind.FINITE, c.negative, n * L)
+    if alpha:
+        c = _apply_alpha(model.alpha_mode, c, [exact(x) for x in alpha])
+    return round_fp(c, model.output, model.output_mode)
+
+
+def _apply_alpha(mode: AlphaMode, c: Exact, fs: list) -> Exact:
+    def fp32(x):
+        return round_fp32(x) if x.is_finite else x
+    if mode is AlphaMode.EXACT:
+        for f in fs:
+            c = mul_exact(c, f)
+        return fp32(c)
+    if mode is AlphaMode.PREMULTIPLIED:
+        al = round_fp32(fs[0])  # the premultiplied alpha is an FP32 value
+        for f in fs[1:]:
+            al = round_fp32(mul_exact(al, f))
+        return fp32(mul_exact(c, al))
+    if mode in (AlphaMode.SEQUENTIAL, AlphaMode.REVERSED):
+        for f in (fs if mode is AlphaMode.SEQUENTIAL else fs[::-1]):
+            c = fp32(mul_exact(c, f))
+        return c
+    raise ValueError(f"GemmModel.alpha_mode: unknown value {mode!r}; valid choices: "
+                     + ", ".join(m.name for m in AlphaMode))
 
 
 def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None = None,
@@ -420,125 +465,59 @@ def dot(model: GemmModel, a: Sequence, b: Sequence, *, scales_a: Sequence | None
                          f"{model.name!r} has chain=False (valid choices: c=None)")
     if len(a) != len(b):
         raise ValueError(f"a, b: lengths differ ({len(a)} vs {len(b)})")
-    K = len(a)
-    av = [exact(x) for x in a]
-    bv = [exact(x) for x in b]
-    prods = [_mul(x, y) for x, y in zip(av, bv)]
+    blocked = scales_a is not None or scales_b is not None
+    if blocked and (block is None or scales_a is None or scales_b is None):
+        raise ValueError("scales_a, scales_b, block: block-scaled dot needs all three")
+    plan = model.plan(len(a), block if blocked else None)
+    ops = {Operand.A: [exact(x) for x in a], Operand.B: [exact(x) for x in b]}
+    sab = None
+    if blocked:
+        nb = plan.K // plan.block
+        if len(scales_a) != nb or len(scales_b) != nb:
+            raise ValueError(f"scales_a/scales_b: expected {nb} scales each (K={plan.K}, block={block}), "
+                             f"got {len(scales_a)} and {len(scales_b)}")
+        ops[Operand.SCALE_A] = [exact(x) for x in scales_a]
+        ops[Operand.SCALE_B] = [exact(x) for x in scales_b]
+        sab = [mul_exact(x, y) for x, y in zip(ops[Operand.SCALE_A], ops[Operand.SCALE_B])]
+    prods = [mul_exact(x, y) for x, y in zip(ops[Operand.A], ops[Operand.B])]
     if model.product_format is not None:
         prods = [round_fp(p, model.product_format, Mode.RNE) for p in prods]
-
-    blocked = scales_a is not None or scales_b is not None
-    group_scales_all = None
-    if blocked:
-        if block is None or scales_a is None or scales_b is None:
-            raise ValueError("scales_a, scales_b, block: block-scaled dot needs all three")
-        if K % block:
-            raise ValueError(f"block: K={K} is not a multiple of block={block}")
-        nb = K // block
-        if len(scales_a) != nb or len(scales_b) != nb:
-            raise ValueError(f"scales_a/scales_b: expected {nb} scales each (K={K}, block={block}), "
-                             f"got {len(scales_a)} and {len(scales_b)}")
-        sab = [_mul(exact(x), exact(y)) for x, y in zip(scales_a, scales_b)]
-        if model.scale_point is ScalePoint.PRODUCT:
-            prods = [_mul(p, sab[k // block]) for k, p in enumerate(prods)]
-        else:
-            if (model.group_size or K) != block:
-                raise ValueError(f"GemmModel.group_size: scale_point GROUP needs group_size == block "
-                                 f"({block}), got {model.group_size}")
-            if any(lo % block for lo, _ in split_bounds(model, K)):
-                raise ValueError(f"split_k: scale_point GROUP needs slices of whole blocks "
-                                 f"({block}); got K={K}, split_k={model.split_k}, split_tile={model.split_tile}")
-            group_scales_all = sab
-
-    exps = _alignment_exponents(model, av, bv, scales_a, scales_b, block, blocked)
-    total: Exact | None = None
-    for lo, hi in split_bounds(model, K):
-        gs = None
-        if group_scales_all is not None:
-            gs = group_scales_all[lo // block:-(-hi // block)]
-        part = _reduce_slice(model, prods[lo:hi], gs, None if exps is None else exps[lo:hi],
-                             exact(c) if c is not None and lo == 0 else None)
-        if total is None:
-            total = part
-        else:
-            sp = _special_sum([total, part])
-            total = sp if sp is not None else _fp32(_add(total, part))
-    c = total
-    if model.lattice is not None and c.is_finite and c.mag != 0:
-        L = model.lattice
-        n, r = divmod(c.mag, L)
-        n = int(n)
-        if 2 * r > L or (2 * r == L and n % 2 == 1):
-            n += 1
-        c = Exact(Kind.FINITE, c.negative, n * L)
-    if alpha:
-        fs = [exact(x) for x in alpha]
-        if model.alpha_mode is AlphaMode.EXACT:
-            for f in fs:
-                c = _mul(c, f)
-            c = _fp32(c) if c.is_finite else c
-        elif model.alpha_mode is AlphaMode.PREMULTIPLIED:
-            al = _fp32(fs[0])  # the premultiplied alpha is an FP32 value
-            for f in fs[1:]:
-                al = _fp32(_mul(al, f))
-            c = _mul(c, al)
-            c = _fp32(c) if c.is_finite else c
-        else:
-            for f in (fs if model.alpha_mode is AlphaMode.SEQUENTIAL else fs[::-1]):
-                c = _mul(c, f)
-                c = _fp32(c) if c.is_finite else c
-    return round_fp(c, model.output, model.output_mode)
+    if plan.scales is ScaleAt.PRODUCT:
+        prods = [mul_exact(p, sab[k // plan.block]) for k, p in enumerate(prods)]
+    exps = _alignment_exponents(plan, ops)
+    acc = plan.run(_ExactArithmetic(model, prods, exps, sab), None if c is None else exact(c))
+    return _epilogue(model, acc, alpha)
 
 
-def _format_exponent(x: Exact, fmt: str) -> int | None:
-    """A factor's exponent as an MMA sees it: floor(log2|x|), or the format's minimum
-    normal exponent for a subnormal or zero; None for NaN/Inf (decided before alignment)."""
+def _factor_exponent(x: Exact, fmt: str | None) -> int | None:
+    """A factor's alignment exponent (``ExpFactor``): fmt None: floor(log2|x|), None for
+    zero or non-finite (no say); else as an MMA sees it: floor(log2|x|), or the format's
+    minimum normal exponent for a subnormal or zero, None for NaN/Inf (decided before
+    alignment)."""
     if not x.is_finite:
         return None
+    if fmt is None:
+        return floor_log2(x.mag) if x.mag != 0 else None
     spec = get_format(fmt)
     return floor_log2(x.mag) if x.mag >= spec.min_normal else spec.emin
 
 
-def _alignment_exponents(model, av, bv, scales_a, scales_b, block, blocked):
-    """Per-product alignment exponents (None: align by value)."""
-    if model.align_bits is None or model.align_ref is AlignRef.VALUE:
+def _alignment_exponents(plan: Schedule, ops: dict) -> list | None:
+    """Per-product alignment exponents: the sum over ``plan.exp_factors`` (None where a
+    factor has no say; None overall: align by value)."""
+    if plan.exp_factors is None:
         return None
-    if model.align_ref is AlignRef.EXPONENT_SUM:
-        # zero and non-finite products take no part in the alignment
-        def _e(xs):
-            return (sum(floor_log2(x.mag) for x in xs)
-                    if all(x.is_finite and x.mag != 0 for x in xs) else None)
-        factors = [[x, y] for x, y in zip(av, bv)]
-        if blocked and model.scale_point is ScalePoint.PRODUCT:
-            factors = [f + [exact(scales_a[k // block]), exact(scales_b[k // block])]
-                       for k, f in enumerate(factors)]
-        return [_e(f) for f in factors]
-    fa, fb, fs = model.exp_formats or ("float32",) * 3  # default: FP32's exponent range
-    out = []
-    for k, (x, y) in enumerate(zip(av, bv)):
-        es = []
-        if not (model.exact_group and blocked):  # exact runs of scaled products: scales only
-            es += [_format_exponent(x, fa), _format_exponent(y, fb)]
-        if blocked:
-            es += [_format_exponent(exact(s), fs) for s in (scales_a[k // block], scales_b[k // block])]
-        out.append(None if None in es else sum(es))
-    return out
+    cols = []
+    for f in plan.exp_factors:
+        xs = ops[f.operand]
+        per_k = xs if f.operand in (Operand.A, Operand.B) else [xs[k // plan.block] for k in range(plan.K)]
+        cols.append([_factor_exponent(x, f.format) for x in per_k])
+    return [None if None in es else sum(es) for es in zip(*cols)]
 
 
 def split_bounds(model: GemmModel, K: int) -> list[tuple[int, int]]:
     """The split-K slices [lo, hi) of a length-K dot, in reduction order."""
-    S = model.split_k
-    if model.split_tile is None:
-        if K % S:
-            raise ValueError(f"split_k: K={K} is not a multiple of split_k={S} (set split_tile "
-                             f"for uneven slices)")
-        L = K // S
-    else:
-        T = model.split_tile
-        L = -(-(-(-K // S)) // T) * T
-    if K == 0:
-        return [(0, 0)]
-    return [(lo, min(K, lo + L)) for lo in range(0, K, max(L, 1))]
+    return _schedule.split_bounds(K, model.split_k, model.split_tile)
 
 
 def matmul(model: GemmModel, A, B, **kw) -> list[list[Exact]]:

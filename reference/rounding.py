@@ -248,105 +248,115 @@ def encode(x, fmt: "str | FormatSpec", mode=Mode.RNE, policy: Policy | None = No
     policy.validate(fmt)
     _check_sr_bits(mode, rbits, nbits)
     v = exact(x)
-    sbit = fmt.sign_mask
-
-    def signed(neg: bool, mag_code: int) -> int:
-        return (sbit if (neg and fmt.signed) else 0) | mag_code
-
-    max_code = fmt.max_code_magnitude
-
-    def nan_code(neg: bool) -> int:
-        # Any NaN result (NaN input, overflow or inf to NaN): its sign and
-        # payload follow the nan policy; other nan policies give the canonical code.
-        if policy.nan is NanPolicy.PRESERVE_SIGN:
-            return signed(neg, fmt.nan_code)
-        if policy.nan is NanPolicy.SIGNED_ALL_ONES:
-            return signed(neg, (1 << (fmt.nbits - fmt.sign_bits)) - 1)
-        return fmt.nan_code
-
-    # --- NaN ---------------------------------------------------------------
     if v.is_nan:
-        p = policy.nan
-        if p is NanPolicy.RAISE:
-            raise ValueError(f"x: NaN cannot be encoded in {fmt.name} under nan policy RAISE; "
-                             "valid choices: " + ", ".join(m.name for m in NanPolicy))
-        if p in _NAN_CODE_POLICIES:
-            return Encoded(nan_code(v.negative))
-        if p is NanPolicy.TO_ZERO:
-            return Encoded(0, Flags(invalid=True))
-        if p is NanPolicy.TO_NEG_ZERO:
-            return Encoded(signed(True, 0), Flags(invalid=True))
-        if p is NanPolicy.TO_ZERO_FLIP_SIGN:
-            return Encoded(signed(not v.negative, 0), Flags(invalid=True))
-        return Encoded(max_code, Flags(invalid=True))
-
-    # --- negative input to an unsigned format --------------------------------
+        return _encode_nan(fmt, policy, v)
     if v.negative and not fmt.signed and not v.is_zero:
-        p = policy.negative
-        if p is Negative.RAISE:
-            raise ValueError(f"x: negative value {v} cannot be encoded in unsigned {fmt.name} "
-                             "under negative policy RAISE; valid choices: "
-                             + ", ".join(m.name for m in Negative))
-        if p is Negative.NAN:
-            return Encoded(fmt.nan_code, Flags(invalid=True))
-        if p is Negative.ABS:
-            v = Exact(v.kind, False, v.mag)
-        else:  # TO_ZERO: zero, or e8m0's smallest code
-            return Encoded(0, Flags(inexact=True, invalid=True))
-
-    def overflow_code(neg: bool, flags: Flags) -> Encoded:
-        o = policy.overflow
-        to_inf: bool
-        if o is Overflow.SATFINITE:
-            to_inf = False
-        elif o is Overflow.NAN:
-            return Encoded(nan_code(neg), flags)
-        else:  # IEEE
-            if mode in (Mode.RNE, Mode.RNA, Mode.SR):
-                to_inf = True
-            elif mode in (Mode.RTZ, Mode.RTO):
-                to_inf = False
-            elif mode is Mode.RUP:
-                to_inf = not neg
-            else:
-                to_inf = neg
-        if not to_inf:
-            return Encoded(signed(neg, max_code), flags)
-        if fmt.has_inf:
-            return Encoded(signed(neg, fmt.inf_code), flags)
-        return Encoded(nan_code(neg), flags)
-
-    # --- infinities ------------------------------------------------------------
+        if policy.negative is not Negative.ABS:
+            return _encode_negative(fmt, policy, v)
+        v = Exact(v.kind, False, v.mag)       # ABS: drop the sign, encode |x|
     if v.is_inf:
         if policy.inf is InfPolicy.SATURATE:
-            return Encoded(signed(v.negative, max_code), Flags(inexact=True, overflow=True))
+            return Encoded(_signed(fmt, v.negative, fmt.max_code_magnitude),
+                           Flags(inexact=True, overflow=True))
         if fmt.has_inf:
-            return Encoded(signed(v.negative, fmt.inf_code))
-        return Encoded(nan_code(v.negative), Flags(invalid=True))
-
-    # --- zero ------------------------------------------------------------------
+            return Encoded(_signed(fmt, v.negative, fmt.inf_code))
+        return Encoded(_nan_code(fmt, policy, v.negative), Flags(invalid=True))
     if v.mag == 0:
         if fmt.has_zero:
-            return Encoded(signed(v.negative, 0))
+            return Encoded(_signed(fmt, v.negative, 0))
         if policy.no_zero in (NoZero.NAN, NoZero.NAN_IF_ZERO):
             return Encoded(fmt.nan_code, Flags(invalid=True))
         return Encoded(0, Flags(inexact=True, underflow=True))
+    return _encode_finite(fmt, mode, policy, v, rbits, nbits)
 
-    # --- finite non-zero ---------------------------------------------------------
+
+def _signed(fmt: FormatSpec, neg: bool, mag_code: int) -> int:
+    return (fmt.sign_mask if (neg and fmt.signed) else 0) | mag_code
+
+
+def _nan_code(fmt: FormatSpec, policy: Policy, neg: bool) -> int:
+    """The code of any NaN result (NaN input, overflow or inf to NaN): its sign and payload
+    follow the nan policy; other nan policies give the canonical code."""
+    if policy.nan is NanPolicy.PRESERVE_SIGN:
+        return _signed(fmt, neg, fmt.nan_code)
+    if policy.nan is NanPolicy.SIGNED_ALL_ONES:
+        return _signed(fmt, neg, (1 << (fmt.nbits - fmt.sign_bits)) - 1)
+    return fmt.nan_code
+
+
+def _encode_nan(fmt: FormatSpec, policy: Policy, v: Exact) -> Encoded:
+    p = policy.nan
+    if p is NanPolicy.RAISE:
+        raise ValueError(f"x: NaN cannot be encoded in {fmt.name} under nan policy RAISE; "
+                         "valid choices: " + ", ".join(m.name for m in NanPolicy))
+    if p in _NAN_CODE_POLICIES:
+        return Encoded(_nan_code(fmt, policy, v.negative))
+    if p is NanPolicy.TO_ZERO:
+        return Encoded(0, Flags(invalid=True))
+    if p is NanPolicy.TO_NEG_ZERO:
+        return Encoded(_signed(fmt, True, 0), Flags(invalid=True))
+    if p is NanPolicy.TO_ZERO_FLIP_SIGN:
+        return Encoded(_signed(fmt, not v.negative, 0), Flags(invalid=True))
+    if p is NanPolicy.TO_MAX:
+        return Encoded(fmt.max_code_magnitude, Flags(invalid=True))
+    raise AssertionError(p)  # pragma: no cover  (every NanPolicy member is handled above)
+
+
+def _encode_negative(fmt: FormatSpec, policy: Policy, v: Exact) -> Encoded:
+    """A negative non-zero input to an unsigned format (policy.negative other than ABS)."""
+    p = policy.negative
+    if p is Negative.RAISE:
+        raise ValueError(f"x: negative value {v} cannot be encoded in unsigned {fmt.name} "
+                         "under negative policy RAISE; valid choices: "
+                         + ", ".join(m.name for m in Negative))
+    if p is Negative.NAN:
+        return Encoded(fmt.nan_code, Flags(invalid=True))
+    if p is Negative.TO_ZERO:  # zero, or e8m0's smallest code
+        return Encoded(0, Flags(inexact=True, invalid=True))
+    raise AssertionError(p)  # pragma: no cover  (ABS is the caller's)
+
+
+def _overflow_code(fmt: FormatSpec, mode: Mode, policy: Policy, neg: bool) -> Encoded:
+    """A finite input whose rounded magnitude exceeds max finite."""
+    flags = Flags(inexact=True, overflow=True)
+    o = policy.overflow
+    to_inf: bool
+    if o is Overflow.SATFINITE:
+        to_inf = False
+    elif o is Overflow.NAN:
+        return Encoded(_nan_code(fmt, policy, neg), flags)
+    else:  # IEEE
+        if mode in (Mode.RNE, Mode.RNA, Mode.SR):
+            to_inf = True
+        elif mode in (Mode.RTZ, Mode.RTO):
+            to_inf = False
+        elif mode is Mode.RUP:
+            to_inf = not neg
+        else:
+            to_inf = neg
+    if not to_inf:
+        return Encoded(_signed(fmt, neg, fmt.max_code_magnitude), flags)
+    if fmt.has_inf:
+        return Encoded(_signed(fmt, neg, fmt.inf_code), flags)
+    return Encoded(_nan_code(fmt, policy, neg), flags)
+
+
+def _encode_finite(fmt: FormatSpec, mode: Mode, policy: Policy, v: Exact, rbits, nbits):
+    """A finite non-zero input: round its magnitude, then overflow / underflow policy."""
     rounded, inexact = _round_mag(fmt, mode, v.negative, v.mag, rbits, nbits,
                                   policy.subnormal is Subnormal.MIN_AS_ZERO)
     tiny = v.mag < fmt.min_normal
     flags = Flags(inexact=inexact, underflow=tiny and inexact)
     if rounded > fmt.max_finite:
-        return overflow_code(v.negative, Flags(inexact=True, overflow=True))
+        return _overflow_code(fmt, mode, policy, v.negative)
     if rounded < fmt.min_normal:
         if not fmt.has_zero:
             if policy.no_zero is NoZero.NAN:
                 return Encoded(fmt.nan_code, Flags(inexact=True, underflow=True, invalid=True))
             return Encoded(0, Flags(inexact=True, underflow=True))
         if policy.subnormal is Subnormal.FLUSH and rounded != 0:
-            return Encoded(signed(v.negative, 0), Flags(inexact=True, underflow=True))
-    return Encoded(signed(v.negative, fmt.encode_magnitude(rounded)), flags)
+            return Encoded(_signed(fmt, v.negative, 0), Flags(inexact=True, underflow=True))
+    return Encoded(_signed(fmt, v.negative, fmt.encode_magnitude(rounded)), flags)
 
 
 def sr(x, rbits: int, nbits: int, fmt: "str | FormatSpec", policy: Policy | None = None) -> Encoded:

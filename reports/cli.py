@@ -1,15 +1,86 @@
-"""`fp4ref report` (JSON -> HTML) and `fp4ref gate` (fail on numerics changes vs a baseline)."""
+"""`fp4ref <command>`: the command table and entry point (the console script), plus the
+commands of this layer: `fp4ref report` (JSON -> HTML) and `fp4ref gate` (fail on numerics
+changes vs a baseline).
+
+The table lives here, in the top layer, because it names commands of every layer below
+(probes, the harness of fp4ref); `python -m fp4ref` reaches it through fp4ref/__main__.py.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
-from .schema import (CONFORMANCE_SCHEMA, ReportError, check_report, load_json,
-                     new_report, newest_report, normalize_report, validate_conformance,
-                     write_json_atomic)
+from fp4ref.harness.io import write_json_atomic
 
-__all__ = ["report_main", "gate_main"]
+from .records import new_report
+from .schema import (CONFORMANCE_SCHEMA, ReportError, check_report, load_json, normalize_report,
+                     validate_conformance)
+from .store import newest_report
+
+__all__ = ["COMMANDS", "main", "report_main", "gate_main"]
+
+# command -> (module, function, help).  Imported lazily so one broken backend
+# never stops the others from running.
+COMMANDS = {
+    "probe": ("reports.probe_run", "main", "probe native GEMMs and infer their accumulation model"),
+    "bench": ("fp4ref.harness.bench", "main", "side-by-side throughput ratios (casts, quantizers, GEMMs)"),
+    "verify-exhaustive": ("fp4ref.harness.verify", "main", "all 2**32 float32 inputs per <=8-bit format"),
+    "conform": ("fp4ref.harness.conform", "main", "conformance matrix of installed public quantizers"),
+    "report": ("reports.cli", "report_main", "render report.json files to self-contained HTML"),
+    "gate": ("reports.cli", "gate_main", "fail when numerics changed against a baseline"),
+    "fleet": ("reports.fleet", "main", "check every GPU of a cluster against its predicted bits (torchrun/srun)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; exit codes: the command's own, 2 for a usage error (unknown command,
+    bad value), 130 when interrupted."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: fp4ref <command> [args]\n\ncommands:")
+        for name, (_, _, h) in COMMANDS.items():
+            print(f"  {name:<18} {h}")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"fp4ref: unknown command {cmd!r}; valid choices: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    problem = _device_problem(cmd, rest)
+    if problem:
+        print(f"fp4ref {cmd}: {problem}", file=sys.stderr)
+        return 2
+    mod, fn, _ = COMMANDS[cmd]
+    try:
+        rc = getattr(importlib.import_module(mod), fn)(rest)
+    except KeyboardInterrupt:
+        print(f"fp4ref {cmd}: interrupted", file=sys.stderr)
+        return 130
+    except ValueError as e:  # a user error (bad name, value or file) is a message, never a traceback
+        print(f"fp4ref {cmd}: {e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+def _device_problem(cmd: str, rest: list[str]) -> str | None:
+    """`--device cuda` on a machine without CUDA: say so before the command starts (the
+    commands would fail deep inside torch)."""
+    if cmd not in ("bench", "verify-exhaustive"):
+        return None
+    val = None
+    for i, a in enumerate(rest):
+        if a == "--device" and i + 1 < len(rest):
+            val = rest[i + 1]
+        elif a.startswith("--device="):
+            val = a.split("=", 1)[1]
+    if val is None or not val.startswith("cuda"):
+        return None
+    import torch
+    if torch.cuda.is_available():
+        return None
+    return (f"--device: {val!r} needs a CUDA GPU, and torch {torch.__version__} sees none here "
+            f"(torch.cuda.is_available() is False); use --device cpu")
 
 
 def _err(msg: str) -> int:
@@ -104,7 +175,7 @@ def gate_main(argv: list[str] | None = None) -> int:
     except ReportError as e:
         return _err(str(e))
     from .gate import compare_reports, environment_differences
-    from .schema import baseline_key
+    from .environment import baseline_key
     hard, _ = environment_differences(baseline, current)
     if hard and not (args.allow_env_mismatch or args.accept):
         return _err("gate: refusing to compare reports from different hardware (every difference "
@@ -124,4 +195,4 @@ def gate_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(report_main())
+    sys.exit(main())

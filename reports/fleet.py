@@ -14,11 +14,13 @@ from pathlib import Path
 
 import jinja2
 
+from fp4ref.harness.io import write_json_atomic, write_text_atomic
 from probes.fleet_fingerprint import CELL_STATUSES
 
 from .html import _CSS
-from .schema import (ReportError, collect_environment, _bool, _created, _enum, _int, _json, _list, _nullable, _num, _obj,
-                     _str, check_report, jsonable, load_json, utc_now, write_json_atomic, write_text_atomic)
+from . import checks as C
+from .environment import collect_environment, utc_now
+from .schema import ReportError, check_report, jsonable, load_json
 
 __all__ = ["FLEET_SCHEMA", "HEALTH_SCHEMA", "VERDICTS", "build_fleet", "check_fleet", "check_health",
            "health_summary", "render_fleet_html", "write_fleet", "compare_fleet", "compare_main",
@@ -28,25 +30,25 @@ FLEET_SCHEMA, HEALTH_SCHEMA, FLEET_SCHEMA_VERSION = "fp4ref.fleet", "fp4ref.flee
 VERDICTS = ("healthy", "numerics-differ", "suspect-hardware", "error")
 _EXIT = {"healthy": 0, "numerics-differ": 1, "suspect-hardware": 1, "error": 2}
 
-_GPU = _obj({"rank": _int(0), "host": _str, "local_rank": _int(0), "gpu_index": _nullable(_int(0)),
-             "uuid": _str, "name": _str, "driver": _nullable(_str), "torch": _nullable(_str),
-             "cuda": _nullable(_str), "cublas": _nullable(_str), "triton": _nullable(_str),
-             "verdict": _enum(*VERDICTS), "error": _nullable(_str)}, {"wall_s": _nullable(_num(0))})
-_CELL = _obj({"rank": _int(0), "uuid": _str, "gemm": _str, "status": _enum(*CELL_STATUSES),
-              "outputs": _int(0), "mismatches": _int(0), "shapes": _list(_json), "evidence": _json,
-              "wall_s": _num(0), "resumed": _bool},
-             {"notes": _list(_str), "error": _str, "probe_status": _str})
-_SUMMARY = _obj({"gpus": _int(0), "gemm_checks": _int(0), "exit_code": _int(0)},
-                {v: _int(0) for v in VERDICTS})
-_FLEET = _obj({"schema": _str, "schema_version": _int(1), "created": _created, "fp4ref_version": _str,
-               "command": _str, "mode": _enum("fingerprint", "probe"), "baseline": _nullable(_str),
-               "launcher": _enum("torchrun", "slurm", "none"), "world_size": _int(1),
-               "gpus": _list(_GPU), "cells": _list(_CELL), "summary": _SUMMARY})
-_HEALTH_REC = _obj({"host": _str, "rank": _int(0), "gpu_index": _nullable(_int(0)), "uuid": _str,
-                    "name": _str, "driver": _nullable(_str), "verdict": _enum(*VERDICTS),
-                    "exit_code": _int(0), "evidence": _list(_json)})
-_HEALTH = _obj({"schema": _str, "schema_version": _int(1), "created": _created, "exit_code": _int(0),
-                "records": _list(_HEALTH_REC)})
+_GPU = C.obj({"rank": C.integer(0), "host": C.string, "local_rank": C.integer(0), "gpu_index": C.nullable(C.integer(0)),
+              "uuid": C.string, "name": C.string, "driver": C.nullable(C.string), "torch": C.nullable(C.string),
+              "cuda": C.nullable(C.string), "cublas": C.nullable(C.string), "triton": C.nullable(C.string),
+              "verdict": C.one_of(*VERDICTS), "error": C.nullable(C.string)}, {"wall_s": C.nullable(C.number(0))})
+_CELL = C.obj({"rank": C.integer(0), "uuid": C.string, "gemm": C.string, "status": C.one_of(*CELL_STATUSES),
+               "outputs": C.integer(0), "mismatches": C.integer(0), "shapes": C.list_of(C.any_json), "evidence": C.any_json,
+               "wall_s": C.number(0), "resumed": C.boolean},
+              {"notes": C.list_of(C.string), "error": C.string, "probe_status": C.string})
+_SUMMARY = C.obj({"gpus": C.integer(0), "gemm_checks": C.integer(0), "exit_code": C.integer(0)},
+                 {v: C.integer(0) for v in VERDICTS})
+_FLEET = C.obj({"schema": C.string, "schema_version": C.integer(1), "created": C.timestamp, "fp4ref_version": C.string,
+                "command": C.string, "mode": C.one_of("fingerprint", "probe"), "baseline": C.nullable(C.string),
+                "launcher": C.one_of("torchrun", "slurm", "none"), "world_size": C.integer(1),
+                "gpus": C.list_of(_GPU), "cells": C.list_of(_CELL), "summary": _SUMMARY})
+_HEALTH_REC = C.obj({"host": C.string, "rank": C.integer(0), "gpu_index": C.nullable(C.integer(0)), "uuid": C.string,
+                     "name": C.string, "driver": C.nullable(C.string), "verdict": C.one_of(*VERDICTS),
+                     "exit_code": C.integer(0), "evidence": C.list_of(C.any_json)})
+_HEALTH = C.obj({"schema": C.string, "schema_version": C.integer(1), "created": C.timestamp, "exit_code": C.integer(0),
+                 "records": C.list_of(_HEALTH_REC)})
 
 
 def _check(obj, schema: str, rule, where: str) -> dict:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .model_card import one_line
+from .model_card import model_line
 from .schema import NONFINITE_BUCKET
 
 __all__ = ["GateResult", "compare_reports", "STATUS_RANK", "environment_differences"]
@@ -136,10 +136,10 @@ def _compare_device(b: dict, c: dict, r: GateResult) -> None:
     if b["status"] == "fit" and c["status"] == "fit":
         _compare_model(where, b["model"], c["model"], r)
     elif c["status"] == "fit":
-        r.improvements.append(f"{where}: model inferred: {one_line(c['model'])}")
+        r.improvements.append(f"{where}: model inferred: {model_line(c['model'])}")
     elif b["status"] != "fit" and b.get("model") != c.get("model"):
         r.changes.append(f"{where}: best non-fitting candidate changed: "
-                         f"{one_line(b.get('model')) or 'none'} -> {one_line(c.get('model')) or 'none'}")
+                         f"{model_line(b.get('model')) or 'none'} -> {model_line(c.get('model')) or 'none'}")
     _compare_validation(where, b.get("validation"), c.get("validation"), r)
 
 

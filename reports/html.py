@@ -14,11 +14,12 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from fp4ref.harness.io import write_text_atomic
+from reference import bits as B
 from reference.formats import FORMATS
 
-from . import bits as B
-from .model_card import KIND_WORDS, STATUS_WORDS, describe_model, one_line
-from .schema import NONFINITE_BUCKET, check_report, jsonable, normalize_report, write_text_atomic
+from .model_card import KIND_WORDS, STATUS_WORDS, describe_model, model_line
+from .schema import NONFINITE_BUCKET, check_report, jsonable, normalize_report
 
 __all__ = ["render_html", "write_html"]
 
@@ -268,7 +269,7 @@ def _conformance_view(conf: dict | None) -> dict | None:
 
 
 def _independent_view(col) -> list[dict]:
-    """The matrix's per-profile independent-checks column (fp4ref.conform.independent_column);
+    """The matrix's per-profile independent-checks column (fp4ref.harness.conform.independent_column);
     older matrices have none."""
     if not isinstance(col, list):
         return []
@@ -290,11 +291,14 @@ def _device_view(i: int, d: dict) -> dict:
                "hist": _hist_plot(v["ulp_histogram"]) if v["ulp_histogram"] else None,
                "max_ulp": max((int(k) for k in v["ulp_histogram"] if k != NONFINITE_BUCKET), default=None),
                "full": v["matches"] == v["outputs"]}
+    words = describe_model(d["model"], d["status"], d["notes"])
+    # reports since the one notation write model_summary as the card's sentences: shown once
+    summary = "" if d["model_summary"] and d["model_summary"] in " ".join(words) else d["model_summary"]
     return {"id": f"device-{i}", "name": d["name"], "backend": d["backend"], "kind": d["kind"],
             "kind_words": KIND_WORDS.get(d["kind"], d["kind"]), "hardware_run": d["hardware_run"],
             "status": d["status"], "status_words": STATUS_WORDS.get(d["status"], d["status"]),
-            "error": d["error"], "model": d["model"], "model_words": describe_model(d["model"], d["status"], d["notes"]),
-            "model_line": one_line(d["model"]), "model_summary": d["model_summary"],
+            "error": d["error"], "model": d["model"], "model_words": words,
+            "model_line": model_line(d["model"]), "model_summary": summary,
             "model_params": [{"key": k, "value": _compact(val_)} for k, val_ in (d["model"] or {}).items()],
             "capabilities": [{"key": k, "value": _compact(val_)} for k, val_ in d["capabilities"].items()],
             "probes": [_probe_view(p) for p in d["probes"]],

@@ -57,11 +57,12 @@ class _Recorder:
             self._record(report.nodeid or "<collection>", "error", 0.0, _message(report))
 
     def pytest_sessionfinish(self, session, exitstatus):
-        from .schema import write_json_atomic, write_report
+        from .html import write_html
+        from fp4ref.harness.io import write_json_atomic
+        from .records import write_report
         r = build_session_report(self, exitstatus)
         try:
             if self.path.suffix == ".html":
-                from .html import write_html
                 write_json_atomic(self.path.with_suffix(".json"), r)
                 write_html(r, self.path)
             else:
@@ -117,7 +118,8 @@ def pytest_configure(config):
 
 def build_session_report(rec: _Recorder, exitstatus: int | None) -> dict:
     """The test-session variant of the report: no devices, a ``tests`` section grouped by module."""
-    from .schema import TEST_OUTCOMES, new_report
+    from .records import new_report
+    from .schema import TEST_OUTCOMES
     modules: dict[str, list] = {}
     for t in rec.tests.values():
         modules.setdefault(t["nodeid"].split("::", 1)[0], []).append(t)

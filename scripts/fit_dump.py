@@ -116,7 +116,7 @@ def main(argv=None) -> int:
             print(f"{name} {shape} {kind}: {100 * match / got.size:.2f}%  {' | '.join(kern)[:90]}", flush=True)
         out["devices"].append({"name": name, "model": m.to_dict(), "outputs": int(tot), "matches": int(ok),
                                "gemms": rows})
-    from reports.schema import write_json_atomic
+    from fp4ref.harness.io import write_json_atomic
     write_json_atomic(args.out, out)
     return 0
 

@@ -17,8 +17,8 @@ sys.path.insert(0, ".")
 
 def ev_time(fn, reps=10, batch=1):
     """Median seconds per call between CUDA events (the benchmarks' timer)."""
-    from fp4ref.bench_quant import _timer
-    return _timer(torch.device("cuda"), batch=batch)(fn, reps)
+    from fp4ref.harness.timing import time_cuda
+    return time_cuda(fn, reps, batch=batch)
 
 
 def wall(fn, reps=5):
@@ -36,6 +36,8 @@ def wall(fn, reps=5):
 
 def gemm(sizes):
     from fp4ref import gemm_triton as GT
+    from fp4ref.gemm_triton import decode as GD
+    from fp4ref.gemm_triton import route as GR
     from torch.profiler import profile, ProfilerActivity
     g = torch.Generator(device="cpu").manual_seed(0)
     for S in sizes:
@@ -56,22 +58,22 @@ def gemm(sizes):
             torch.cuda.synchronize()
         print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
         print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=15), flush=True)
-        # the prepare phases one at a time (synchronized)
-        A = GT._prep("a", ac, asc, "ue4m3", 16)
-        B = GT._prep("b", bc, bsc, "ue4m3", 16)
+        # the prepare steps one at a time (synchronized): decode, route (fp4ref/gemm_triton/)
+        A = GD.operand("a", ac, asc, "ue4m3", 16)
+        B = GD.operand("b", bc, bsc, "ue4m3", 16)
         def dec():
-            return GT._decode_bf16(A, 16, scale=True, want_sq=True)
+            return GD.decode_bf16(A, 16, scale=True, want_sq=True)
         ap, sqa = dec()
-        bp, sqb = GT._decode_bf16(B, 16, scale=True, want_sq=True)
+        bp, sqb = GD.decode_bf16(B, 16, scale=True, want_sq=True)
         t_dec = wall(dec)
-        t_route = wall(lambda: GT._route(A, B, 16, 128, 128, sqa, sqb))
-        mode, MA, QB = GT._route(A, B, 16, 128, 128, sqa, sqb)
-        t_tl = wall(lambda: GT._tile_lists(mode, [A.bad.sum(), B.bad.sum()]))
-        t_pr = wall(lambda: (GT._prep("a", ac, asc, "ue4m3", 16), GT._prep("b", bc, bsc, "ue4m3", 16)))
-        print(f"gemm {S} phases (wall, synced): _prep x2 {t_pr*1e3:.3f} ms, decode x1 {t_dec*1e3:.3f} ms, "
+        t_route = wall(lambda: GR.route(A, B, 16, 128, 128, sqa, sqb))
+        mode, _ = GR.route(A, B, 16, 128, 128, sqa, sqb)
+        t_tl = wall(lambda: GR.tile_lists(mode, [A.bad.sum(), B.bad.sum()]))
+        t_pr = wall(lambda: (GD.operand("a", ac, asc, "ue4m3", 16), GD.operand("b", bc, bsc, "ue4m3", 16)))
+        print(f"gemm {S} phases (wall, synced): operand x2 {t_pr*1e3:.3f} ms, decode x1 {t_dec*1e3:.3f} ms, "
               f"route {t_route*1e3:.3f} ms, tile_lists {t_tl*1e3:.3f} ms", flush=True)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-            GT._route(A, B, 16, 128, 128, sqa, sqb)
+            GR.route(A, B, 16, 128, 128, sqa, sqb)
             torch.cuda.synchronize()
         print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=20), flush=True)
         del x, w, ac, bc, plan, ap, bp

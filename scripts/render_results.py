@@ -230,7 +230,7 @@ def main(argv=None) -> int:
         for p in stale:
             print(f"out of date: {p.relative_to(ROOT)} (run python scripts/render_results.py)")
         return 1 if stale else 0
-    from reports.schema import write_text_atomic
+    from fp4ref.harness.io import write_text_atomic
     for p in stale:
         write_text_atomic(p, want[p])
         print(f"wrote {p.relative_to(ROOT)}")

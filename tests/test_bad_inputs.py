@@ -1,7 +1,7 @@
 """A hostile user's inputs: every bad CLI argument or API call is a clean error naming the
 parameter (exit 2, or ValueError/TypeError), never another exception or a traceback.
 
-The CLI is driven in-process through fp4ref.cli.main(argv).  No property example starts a
+The CLI is driven in-process through reports.cli.main(argv).  No property example starts a
 real probe run: every generated argument list is invalid, and the ones that would pass
 argument parsing are refused before any device is probed.
 """
@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fp4ref
-from fp4ref.cli import main as fp4ref_main
+from reports.cli import main as fp4ref_main
 
 # --- the CLI ------------------------------------------------------------------------------------
 INT_OPTIONS = {"--validate-outputs": 1, "--seed": 0, "--jobs": 1, "--max-shapes": 0}

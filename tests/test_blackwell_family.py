@@ -158,7 +158,8 @@ def test_emulator_equals_reference():
                                   "virtual-blackwell-mxf8f6f4", "virtual-blackwell-cublaslt"])
 def test_hypothesis_device_identified(name):
     from probes.backends.virtual import blackwell_hypotheses, virtual_device
-    from probes.infer import Inference, canonical, short
+    from probes.infer import Inference, canonical
+    from reference.notation import short
     m, caps = blackwell_hypotheses()[name]
     res = Inference(virtual_device(m, caps, name, diag_only=True), quick=True, k_core=256, seed=1).run()
     assert res.status == "fit", res.notes[:3]
@@ -277,7 +278,8 @@ def test_random_family_devices_identified_thorough(seed):
 
 def _check_random(seed):
     from probes.backends.virtual import virtual_device
-    from probes.infer import Inference, short
+    from probes.infer import Inference
+    from reference.notation import short
     from probes.testing import observationally_equivalent
     caps, hidden = _random_family_device(seed)
     res = Inference(virtual_device(hidden, caps, f"bw-{seed}", diag_only=True), quick=True,

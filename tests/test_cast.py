@@ -352,7 +352,7 @@ def test_as_torch_dtype_is_a_zero_copy_view_torch_decodes(fmt):
 
 # --- verify-exhaustive (smoke) and bench ---------------------------------------------------
 def test_verify_smoke_cpu(tmp_path, capsys):
-    from fp4ref import verify
+    from fp4ref.harness import verify
     out = tmp_path / "v.json"
     rc = verify.main(["--limit", str(1 << 16), "--formats", "float4_e2m1fn,float8_e8m0fnu,ue5m3",
                       "--modes", "rne,rna,rtz,rup,rdn,rto", "--device", "cpu", "--out", str(out)])
@@ -366,7 +366,7 @@ def test_verify_smoke_cpu(tmp_path, capsys):
 
 
 def test_verify_reports_a_broken_fast_path(monkeypatch, capsys):
-    from fp4ref import verify
+    from fp4ref.harness import verify
     real = verify.quantize
 
     def broken(x, fmt, mode, policy=None, **kw):
@@ -380,7 +380,7 @@ def test_verify_reports_a_broken_fast_path(monkeypatch, capsys):
 
 
 def test_bench_rows_cpu():
-    from fp4ref import bench_cast
+    from fp4ref.harness import bench_cast
     rows = bench_cast.run("cpu", n=1 << 14, ref_n=64)
     names = {r["name"] for r in rows}
     assert any("e2m1" in n for n in names) and any("e4m3" in n for n in names)

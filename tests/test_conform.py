@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from fp4ref import conform as C
-from fp4ref import thirdparty as tp
+from fp4ref.harness import conform as C
+from fp4ref.harness import thirdparty as tp
 
 
 def test_cell_list_covers_the_brief():

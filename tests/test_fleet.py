@@ -25,7 +25,8 @@ from probes.fleet_fingerprint import baseline_expectations, fingerprint, inject_
 from reference.gemm import AlignRef, GemmModel
 from reference.rounding import Mode
 from reports import fleet as F
-from reports.schema import ReportError, new_device, new_report, write_report
+from reports.records import new_device, new_report, write_report
+from reports.schema import ReportError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,7 +303,7 @@ def test_single_rank_exit_codes(tmp_path, baseline, monkeypatch):
     monkeypatch.setitem(sys.modules, "fleet_boom", type(sys)("fleet_boom"))
     sys.modules["fleet_boom"].devices = _boom_devices
     base = ["fleet", "--baseline", str(baseline), "--crafted", "16", "--no-html"]
-    from fp4ref.cli import main
+    from reports.cli import main
     assert main([*base, "--out", str(tmp_path / "ok"), "--extra", "tests.test_fleet:fleet_devices",
                  "--devices", "gemm-fp32"]) == 0
     assert main([*base, "--out", str(tmp_path / "err"), "--extra", "fleet_boom:devices"]) == 2
@@ -322,7 +323,7 @@ def test_single_rank_exit_codes(tmp_path, baseline, monkeypatch):
     (["--baseline", "/nonexistent/base.json"], ["/nonexistent/base.json"]),
 ])
 def test_bad_arguments_are_clear_errors(tmp_path, baseline, capsys, args, words):
-    from fp4ref.cli import main
+    from reports.cli import main
     argv = {"--baseline": str(baseline), "--out": str(tmp_path / "o")}
     for k, v in zip(args[::2], args[1::2]):
         argv[k] = v
@@ -354,7 +355,7 @@ def test_compare_fleet_names_regressions(tmp_path):
     assert F.compare_fleet(old, old) == []
     gone = _fleet_doc({("GPU-a", "bf16"): "match"}, gpus=("GPU-a",))
     assert F.compare_fleet(old, gone)[0] == "GPU GPU-b: in the old report, missing from the new one"
-    from fp4ref.cli import main
+    from reports.cli import main
     paths = []
     for i, doc in enumerate((old, new)):
         paths.append(tmp_path / f"f{i}.json")
@@ -411,7 +412,7 @@ def test_fleet_html_in_headless_chromium(tmp_path):
 
 # --- verify-exhaustive sharded over gloo ranks ----------------------------------------------------------
 def test_shard_is_disjoint_and_covering():
-    from fp4ref.verify import shard
+    from fp4ref.harness.launch import shard
     for total in (1, 7, 1 << 16, (1 << 32) - 1):
         for world in (1, 2, 3, 8):
             parts = [shard(total, r, world) for r in range(world)]

@@ -10,7 +10,9 @@ import pytest
 
 from reports.cli import gate_main
 from reports.gate import compare_reports
-from reports.schema import load_report, normalize_report, validation_record, write_json_atomic
+from fp4ref.harness.io import write_json_atomic
+from probes.recorder import validation_record
+from reports.schema import load_report, normalize_report
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "sample_report.json"
 CUBLAS = "cuBLAS bf16 matmul (H200)"
@@ -156,7 +158,7 @@ def test_improvements_pass_and_are_named(base):
               "more outputs validated: 65536 -> 131072",
               "'ml_dtypes float8_e4m3fn' x 'e4m3_rne_satfinite': disagree (3791650816/4294967296) -> agree",
               "device 'NVFP4 block-scaled torch._scaled_mm': now run on real hardware",
-              "model inferred: probe_matched G=64",
+              "model inferred: probe_matched F=1 align=exact acc=23:RNE G=64:RNE out=float32:RNE",
               "[new] device 'cuBLAS fp16 matmul (H200)': new, status fit",
               "[new] conformance 'new impl' x 'nvfp4_te': new cell, agree (1/1)"]:
         assert n in text, f"{n!r} not in:\n{text}"
@@ -292,7 +294,7 @@ def test_written_files_have_normal_modes(tmp_path, base):
     mask = os.umask(0o022)
     try:
         p = write_json_atomic(tmp_path / "r.json", base)
-        from reports.schema import write_text_atomic
+        from fp4ref.harness.io import write_text_atomic
         h = write_text_atomic(tmp_path / "r.html", "<html></html>")
     finally:
         os.umask(mask)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from reference.gemm import PRESETS, AlignRef, GemmModel, ScalePoint
 from fp4ref.gemm import emulate, round_float
+from reference.notation import short
 
 from .gemm_helpers import (OPERAND_KINDS, matrices, mismatch, ref_matmul, same_bits,
                            scale_value)
@@ -70,6 +71,18 @@ def test_probe_matched_long_k(prob):
         _check(PRESETS[name], a, b, **kw)
 
 
+def _fit_split(model: GemmModel, K: int, block: int | None) -> GemmModel:
+    """A drawn model made to fit K: GROUP scales take group_size = block, and split_k falls
+    back to 1 unless K splits into slices of whole blocks."""
+    if block is not None and model.scale_point is ScalePoint.GROUP:
+        model = model.replace(group_size=block)
+    from reference.gemm import split_bounds
+    if ((model.split_tile is None and K % model.split_k)
+            or (block is not None and any(lo % block for lo, _ in split_bounds(model, K)))):
+        model = model.replace(split_k=1, split_tile=None)
+    return model
+
+
 @st.composite
 def family_point(draw, exponent_sum=False):
     from .gemm_helpers import gemm_models
@@ -79,13 +92,7 @@ def family_point(draw, exponent_sum=False):
         model = model.replace(align_ref=AlignRef.EXPONENT_SUM,
                               align_bits=draw(st.sampled_from((0, 1, 2, 3, 5, 8, 13, 25))))
     a, b, kw = draw(problem(blocked=blocked, kmax=64))
-    K = a.shape[1]
-    if blocked and model.scale_point is ScalePoint.GROUP:
-        model = model.replace(group_size=kw["block"])
-    from reference.gemm import split_bounds
-    if ((model.split_tile is None and K % model.split_k)
-            or (blocked and any(lo % kw["block"] for lo, _ in split_bounds(model, K)))):
-        model = model.replace(split_k=1, split_tile=None)
+    model = _fit_split(model, a.shape[1], kw.get("block") if blocked else None)
     alpha = draw(st.sampled_from((None, "scalar", "tensor", "list")))
     M, N = a.shape[0], b.shape[1]
     if alpha == "scalar":
@@ -347,7 +354,7 @@ def test_family_block_scaled_random(recipe, K):
         want = _ref_all(model, A, B, SA, SB, blk, alpha)
         for p in ("auto", "generic"):
             got = emulate(model, A, B, scales_a=SA, scales_b=SB, block=blk, alpha=alpha, _paths=p)
-            assert same_bits(got, want), f"{recipe} K={K} {model.describe()} {p}: {mismatch(got, want)}"
+            assert same_bits(got, want), f"{recipe} K={K} {short(model)} {p}: {mismatch(got, want)}"
 
 
 def _f32_bits(y: torch.Tensor) -> list[list[int]]:
@@ -471,13 +478,7 @@ def mma_family_point(draw):
                           overflow_inf=draw(st.booleans()), group_size=G if chain else model.group_size,
                           scale_point=ScalePoint.PRODUCT if (chain or E) else model.scale_point)
     a, b, kw = draw(problem(blocked=blocked, kmax=64))
-    K = a.shape[1]
-    if blocked and model.scale_point is ScalePoint.GROUP:
-        model = model.replace(group_size=kw["block"])
-    from reference.gemm import split_bounds
-    if ((model.split_tile is None and K % model.split_k)
-            or (blocked and any(lo % kw["block"] for lo, _ in split_bounds(model, K)))):
-        model = model.replace(split_k=1, split_tile=None)
+    model = _fit_split(model, a.shape[1], kw.get("block") if blocked else None)
     return model, a, b, kw
 
 

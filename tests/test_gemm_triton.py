@@ -20,6 +20,9 @@ import torch
 triton = pytest.importorskip("triton")
 
 from fp4ref import gemm_triton as GT  # noqa: E402
+from fp4ref.gemm_triton import certify, decode  # noqa: E402
+from fp4ref.gemm_triton.schedule import KernelPlan, kernel_plan  # noqa: E402
+from reference.gemm import PRESETS  # noqa: E402
 from reference.formats import get_format  # noqa: E402
 
 from .gemm_helpers import check_sampled, ref_blockscaled, same_bits, sample_positions  # noqa: E402
@@ -32,7 +35,7 @@ def _operands(M, N, K, fmt, kind, seed, device="cpu", block=None):
     """Codes and scale codes for one adversarial family ``kind``."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     blk = block or BLOCK[fmt]
-    sfmt = GT.FORMATS[fmt][0]
+    sfmt = GT.OPERAND_FORMATS[fmt].scale_fmt
     if kind in ("random", "outliers"):
         x = torch.randn(M, K, generator=g)
         w = torch.randn(N, K, generator=g)
@@ -73,7 +76,7 @@ def _check(ops, alpha, fmt, model, block=None, n=None, **kw):
     reference products per call, 24 to 96 outputs), plus one on each special row / column."""
     ac, asc, bc, bsc = ops
     blk = block or BLOCK[fmt]
-    sfmt = kw.get("scale_fmt") or GT.FORMATS[fmt][0]
+    sfmt = kw.get("scale_fmt") or GT.OPERAND_FORMATS[fmt].scale_fmt
     got = GT.blockscaled_mm(ac, asc, bc, bsc, fmt=fmt, model=model, alpha=alpha, block=blk, **kw)
     M, N = got.shape
     K = asc.shape[1] * blk
@@ -96,7 +99,7 @@ def interp(f):
 
 
 @interp
-@pytest.mark.parametrize("fmt", list(GT.FORMATS))
+@pytest.mark.parametrize("fmt", list(GT.OPERAND_FORMATS))
 @pytest.mark.parametrize("kind", ["random", "wide", "narrow", "outliers"])
 def test_interpreter_paths(fmt, kind):
     M, N, K = 40, 36, 208 if fmt != "mxfp4" else 224   # ragged tiles, a partial last group
@@ -181,8 +184,9 @@ def test_interpreter_mixed_routes(fmt):
 @pytest.mark.parametrize("fmt", ["nvfp4", "ue5m3"])
 def test_pair_bounds_kernel(fmt):
     """The routing kernel's per-tile pair bounds and special rows equal the torch route's
-    (``_route_bounds``), bit for bit: ragged tiles, unequal tile sizes, K not a multiple of 64."""
-    sfmt = GT.FORMATS[fmt][0]
+    (``certify.route_bounds``), bit for bit: ragged tiles, unequal tile sizes, K not a multiple
+    of 64."""
+    sfmt = GT.OPERAND_FORMATS[fmt].scale_fmt
     nan = {"nvfp4": 0x7F, "ue5m3": 0xFC}[fmt]
     cases = [((40, 36, 208), (32, 32)), ((70, 20, 272), (64, 16)), ((16, 48, 16), (16, 32))]
     for i, kind in enumerate(["random", "wide", "narrow", "outliers"]):
@@ -190,17 +194,35 @@ def test_pair_bounds_kernel(fmt):
             ac, asc, bc, bsc = _operands(M, N, K, fmt, kind, seed=i)[0]
             asc[i % M, i % (K // 16)] = nan
             bsc[(3 * i) % N, 0] = nan
-            A, B = GT._prep("a", ac, asc, sfmt, 16), GT._prep("b", bc, bsc, sfmt, 16)
-            sqa = GT._decode_bf16(A, 16, True, True)[1]
-            sqb = GT._decode_bf16(B, 16, True, True)[1]
-            want = GT._route_bounds(A, B, 16, *tile, sqa, sqb)[4:]
+            A, B = decode.operand("a", ac, asc, sfmt, 16), decode.operand("b", bc, bsc, sfmt, 16)
+            sqa = decode.decode_bf16(A, 16, True, True)[1]
+            sqb = decode.decode_bf16(B, 16, True, True)[1]
+            b = certify.route_bounds(A, B, 16, *tile, sqa, sqb, group_blocks=4)  # 64 / 16
+            want = (b.XAn, b.XBn)
             bad = (A.bad.clone(), B.bad.clone())
             stats = torch.zeros(8, dtype=torch.int32)
-            got = GT._pair_bounds(A, B, 16, *tile, sqa, sqb, stats)
+            got = certify.pair_bounds(A, B, 16, *tile, sqa, sqb, stats, group_blocks=4)
             for g, w in zip(got, want):
                 assert torch.equal(g.view(torch.int64), w.view(torch.int64)), (kind, M, N, K, tile)
             assert torch.equal(A.bad, bad[0]) and torch.equal(B.bad, bad[1])
             assert stats[4:6].tolist() == [int(bad[0].sum()), int(bad[1].sum())]
+
+
+def test_kernel_plan():
+    """The kernels' walk of the model's plan, against hand-worked cases: groups of 64 (four
+    blocks of 16, two of 32, a partial last group), decoded_fp32's unit steps, and plans the
+    kernels do not run (other group sizes, split-K, chained MMA instructions) rejected."""
+    pm = PRESETS["probe_matched"]
+    assert kernel_plan(pm, 208, 16, False) == KernelPlan(64, 4)
+    assert kernel_plan(PRESETS["probe_matched_lattice"], 224, 32, False) == KernelPlan(64, 2)
+    assert kernel_plan(pm, 0, 16, False) == KernelPlan(64, 4)
+    assert kernel_plan(PRESETS["decoded_fp32"], 48, 16, True) == KernelPlan(1, 0)
+    with pytest.raises(ValueError, match="model: 'probe_matched' has a schedule"):
+        kernel_plan(pm, 64, 16, True)                       # decoded kernel, grouped plan
+    for other in (pm.replace(group_size=128, fma_width=128), pm.replace(split_k=2),
+                  pm.replace(outer_mode="RNE"), PRESETS["blackwell_mxf4nvf4"]):
+        with pytest.raises(ValueError, match="schedule the Triton kernels do not run"):
+            kernel_plan(other, 256, 16, False)
 
 
 def test_bad_input():
@@ -248,7 +270,7 @@ NG = 24   # sampled outputs per check at K = 4096 (the exact reference: ~60 ms e
 
 
 @gpu
-@pytest.mark.parametrize("fmt", list(GT.FORMATS))
+@pytest.mark.parametrize("fmt", list(GT.OPERAND_FORMATS))
 @pytest.mark.parametrize("kind", ["random", "outliers", "narrow"])
 def test_gpu_4096(fmt, kind):
     S = 4096
@@ -261,7 +283,7 @@ def test_gpu_4096(fmt, kind):
 
 
 @gpu
-@pytest.mark.parametrize("fmt", list(GT.FORMATS))
+@pytest.mark.parametrize("fmt", list(GT.OPERAND_FORMATS))
 def test_gpu_wide_scales(fmt):
     """Every finite scale code: extreme spreads, zero and subnormal scales (the tiles go to the
     exact fix-up, asserted; the reference, not the fix-up's emulator, is the oracle)."""
@@ -306,7 +328,7 @@ def test_gpu_mixed_routes():
 
 @gpu
 def test_gpu_specials_and_odd_shapes():
-    for fmt in GT.FORMATS:
+    for fmt in GT.OPERAND_FORMATS:
         (ac, asc, bc, bsc), alpha = _operands(517, 389, 1024 + 64 + BLOCK[fmt], fmt, "random", 9,
                                               device="cuda")
         nanc = {"nvfp4": 0x7F, "ue5m3": 0xFC, "mxfp4": 0xFF}[fmt]

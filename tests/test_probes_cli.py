@@ -1,7 +1,8 @@
-"""`fp4ref probe` end to end on CPU: report written, schema-valid, virtual device fits."""
+"""`fp4ref probe` end to end on CPU (reports.probe_run over probes.workers / probes.run): report
+written, schema-valid, virtual device fits; the DeviceResult status decision."""
 import json
 
-from probes import cli
+from reports import probe_run as cli
 
 
 def test_probe_cli_virtual_and_report(tmp_path, capsys):
@@ -50,7 +51,7 @@ def test_probe_cli_extra_device_that_crashes(tmp_path, monkeypatch):
 def test_pick_survivor_prefers_the_candidate_random_sums_confirm():
     # bf16 output hides the accumulator's normalization from the probes; random sums do not
     from probes.backends.virtual import virtual_device
-    from probes.cli import pick_survivor
+    from probes.run import pick_survivor
     from probes.device import Capabilities
     from reference.gemm import GemmModel
     from reference.rounding import Mode
@@ -110,9 +111,9 @@ def test_declared_bf16_returning_fp32_is_a_protocol_error():
     with pytest.raises(ProtocolError, match=r"liar: protocol error: output \[0, 0\] = 3\.0234375 "
                                             r"is not a bfloat16 value"):
         dev(a, b)
-    from probes.cli import probe_device
+    from probes.run import probe_device
     rec = probe_device(dev, quick=True, outputs=1000, per_shape=False)
-    assert rec["status"] == "error" and "protocol error" in rec["error"]
+    assert rec.status == "error" and "protocol error" in rec.error
 
 
 @pytest.mark.parametrize("out, needle", [
@@ -138,15 +139,15 @@ def test_protocol_accepts_exact_values_nan_inf_and_signed_zero():
 def test_intermittent_noise_is_nondeterministic_not_no_fit():
     """1% of outputs off by one ULP, intermittently: found by repeating batches."""
     from probes.backends.virtual import virtual_device
-    from probes.cli import probe_device
+    from probes.run import probe_device
     from reference.gemm import GemmModel
     from reference.rounding import Mode
     caps = Capabilities("float32", "float32", "float32", max_k=256, max_batch=16)
     hidden = GemmModel("h", fma_width=1, acc_frac_bits=23, norm_mode=Mode.RNE)
     dev = virtual_device(hidden, caps, "noisy", noise=0.01, seed=4)  # passes the first check
     rec = probe_device(dev, quick=True, outputs=1000, per_shape=False)
-    assert rec["status"] == "nondeterministic", rec["notes"][:3]
-    assert any("for identical operands" in n for n in rec["notes"])
+    assert rec.status == "nondeterministic", rec.notes[:3]
+    assert any("for identical operands" in n for n in rec.notes)
 
 
 class _V:  # a stand-in ValidationResult
@@ -156,7 +157,7 @@ class _V:  # a stand-in ValidationResult
 
 
 def test_status_is_decided_in_one_place_and_fit_needs_a_validation():
-    from probes.cli import decide_status
+    from probes.result import decide_status
     rec = {"outputs": 10, "matches": 10, "agreement_pct": 100.0}
     shp = [{"shape": [2, 5, 16], "outputs": 10, "matches": 10}]
     assert decide_status("fit", _V(rec, shp))[0] == "fit"
@@ -170,7 +171,7 @@ def test_status_is_decided_in_one_place_and_fit_needs_a_validation():
 
 
 def test_validate_outputs_below_one_refused():
-    from probes.cli import probe_device
+    from probes.run import probe_device
     with pytest.raises(ValueError, match="outputs: .* >= 1, got 0"):
         probe_device(None, outputs=0)
 
@@ -280,10 +281,12 @@ def test_time_limit_honoured_with_one_device_and_one_job(tmp_path):
 
 
 def test_a_crash_of_the_tool_writes_a_partial_report(tmp_path, monkeypatch):
-    def crash(chosen, ctx, records, prog, task):
-        records[chosen[0]] = _unfinished_stub(chosen[0])
+    import probes.workers as W
+
+    def crash(chosen, opts, results, display):
+        results[chosen[0]] = _unfinished_stub(chosen[0])
         raise RuntimeError("bug in the progress display")
-    monkeypatch.setattr(cli, "_run_inline", crash)
+    monkeypatch.setattr(W, "_run_inline", crash)
     rc = cli.main(["--extra", "tests.test_probes_cli:_bad_dtype_device", "--extra",
                    "tests.test_probes_cli:_interrupting_device", "--devices", "user-*,[[]/red]*",
                    "--jobs", "1", "--out", str(tmp_path), "--no-html"])
@@ -296,14 +299,12 @@ def test_a_crash_of_the_tool_writes_a_partial_report(tmp_path, monkeypatch):
 
 
 def _unfinished_stub(name):
-    from reports.schema import new_device
-    rec = new_device(name, "user", "cuda", hardware_run=True, status="error")
-    rec["error"] = "finished before the crash"
-    return rec
+    from probes.result import DeviceResult, decide_status
+    return DeviceResult.decided((name, "user", "cuda", True), decide_status(failure="finished before the crash"))
 
 
 def test_quick_help_states_the_validation_count_that_runs():
     """Every validation shape runs once: 126,368 outputs (the count reports show), quick or not."""
-    text = " ".join(cli._parser().format_help().split())
+    text = " ".join(cli.parser().format_help().split())
     assert "126,368 outputs" in text and "20000" not in text and "20,000" not in text
-    assert cli._parser().parse_args(["--quick"]).validate_outputs == 126_368
+    assert cli.parser().parse_args(["--quick"]).validate_outputs == 126_368

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from probes.backends.virtual import virtual_device
-from probes.infer import Inference, canonical, short
+from probes.infer import Inference, canonical
+from reference.notation import short
 from probes.testing import observationally_equivalent, random_hidden
 
 N_DEVICES = 100

@@ -8,7 +8,8 @@ from fractions import Fraction
 from probes import probes as P
 from probes.backends.virtual import virtual_device
 from probes.device import Capabilities
-from probes.infer import Inference, canonical, predict, short
+from probes.infer import Inference, canonical, predict
+from reference.notation import short
 from probes.testing import observationally_equivalent
 from reference.formats import get_format
 from reference.gemm import AlignRef, AlphaMode, GemmModel, split_bounds

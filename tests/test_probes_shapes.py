@@ -1,8 +1,6 @@
 """Per-shape inference: a library that runs another kernel at some shapes."""
-import numpy as np
-
 from probes.backends.virtual import virtual_device
-from probes.cli import probe_device
+from probes.run import probe_device
 from probes.device import Capabilities
 from probes.infer import canonical
 from reference.gemm import AlignRef, GemmModel
@@ -22,25 +20,26 @@ def _dev(other, ks=(512,)):
 
 def test_other_kernel_at_one_shape_is_inferred_there():
     # K = 100 is not a multiple of 16: the shape's own probes must run at exactly that K
-    rec = probe_device(_dev(OTHER, (512, 100)), quick=True, outputs=3000, shapes=SHAPES)
-    assert rec["status"] == "fit", rec["notes"]
-    assert GemmModel.from_dict(rec["model"]) == canonical(MAIN.replace(name="inferred"), CAPS)
-    ents = rec["extra"]["shape_models"]
+    r = probe_device(_dev(OTHER, (512, 100)), quick=True, outputs=3000, shapes=SHAPES)
+    assert r.status == "fit", r.notes
+    assert r.model == canonical(MAIN.replace(name="inferred"), CAPS)
+    assert [s.shape for s in r.shapes] == [(8, 8, 512), (16, 16, 100)]
+    for s in r.shapes:
+        assert s.status == "fit", s
+        assert canonical(s.model, CAPS) == canonical(OTHER.replace(name="inferred"), CAPS)
+    assert r.validation["matches"] == r.validation["outputs"]
+    from reports.records import device_record   # the report's form of the same result
+    ents = device_record(r)["extra"]["shape_models"]
     assert [e["shape"] for e in ents] == [[8, 8, 512], [16, 16, 100]]
-    for ent in ents:
-        assert ent["status"] == "fit", ent
-        assert (canonical(GemmModel.from_dict(ent["model"]), CAPS)
-                == canonical(OTHER.replace(name="inferred"), CAPS))
-    v = rec["validation"]
-    assert v["matches"] == v["outputs"]
+    assert all(GemmModel.from_dict(e["model"]) == s.model for e, s in zip(ents, r.shapes))
 
 
 def test_shape_outside_the_family_makes_the_device_partial():
-    rec = probe_device(_dev("pairwise"), quick=True, outputs=3000, shapes=SHAPES)
-    assert rec["status"] == "partial", rec["notes"]
-    (ent,) = rec["extra"]["shape_models"]
-    assert ent["shape"] == [8, 8, 512] and ent["status"] == "no_fit"
-    per = {tuple(s["shape"]): s for s in rec["extra"]["per_shape"]}
+    r = probe_device(_dev("pairwise"), quick=True, outputs=3000, shapes=SHAPES)
+    assert r.status == "partial", r.notes
+    (ent,) = r.shapes
+    assert ent.shape == (8, 8, 512) and ent.status == "no_fit"
+    per = {tuple(s["shape"]): s for s in r.extra["per_shape"]}
     assert all(s["matches"] == s["outputs"] for k, s in per.items() if k[2] != 512)
 
 

@@ -3,7 +3,7 @@ import subprocess
 import sys
 
 import fp4ref
-from fp4ref.cli import COMMANDS, main
+from reports.cli import COMMANDS, main
 
 
 def test_every_export_resolves():

@@ -40,7 +40,7 @@ def wrapped_device():
 
 def test_readme_wrap_example_matches_the_builtin_adapter():
     from probes.backends.cpu import cpu_fp32
-    from probes.cli import probe_device
+    from probes.run import probe_device
     dev = wrapped_device()
     builtin = cpu_fp32()
     # the built-in adapter's own K / shape settings, the example's declared formats
@@ -51,6 +51,6 @@ def test_readme_wrap_example_matches_the_builtin_adapter():
     assert np.array_equal(dev(a, a.T.copy()), ref(a, a.T.copy()))  # the same matmul
     kw = dict(quick=True, outputs=1, per_shape=False)
     mine, theirs = probe_device(dev, **kw), probe_device(ref, **kw)
-    assert theirs["status"] in ("fit", "partial"), theirs["notes"][:3]
-    assert mine["status"] == theirs["status"], mine["notes"][:3]
-    assert mine["model"] == theirs["model"]
+    assert theirs.status in ("fit", "partial"), theirs.notes[:3]
+    assert mine.status == theirs.status, mine.notes[:3]
+    assert mine.model == theirs.model

@@ -92,3 +92,79 @@ def test_backend_choice():
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         with pytest.raises(ValueError, match="backend: triton needs"):
             fq(torch.ones(1, 16), "te_nvfp4", backend="triton")
+
+
+# --- typed rules: every rule field is checked at construction -------------------------
+from dataclasses import fields as _fields  # noqa: E402
+
+from reference.recipes import Family, rules as RL  # noqa: E402
+from reference.recipes.mx import MX_RULES, MXRule  # noqa: E402
+from reference.recipes.nvfp4 import NVFP4_RULES, TwoLevelRule  # noqa: E402
+
+
+@pytest.mark.parametrize("field", [f.name for f in _fields(TwoLevelRule)])
+def test_two_level_rule_rejects_unknown_values(field):
+    name = {"target": "T"}.get(field, field)      # the block-scale target is T everywhere
+    with pytest.raises(ValueError, match=rf"^{name}: "):
+        TwoLevelRule(**{field: "bogus"})
+
+
+@pytest.mark.parametrize("field", [f.name for f in _fields(MXRule)])
+def test_mx_rule_rejects_unknown_values(field):
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        MXRule(**{field: "bogus"})
+
+
+def test_rule_fields_are_enum_members_and_accept_their_strings():
+    r = TwoLevelRule(block_scale="div_first", elem_cast="te_ref", pad="raise")
+    assert r.block_scale is RL.BlockScale.DIV_FIRST and r.block_scale == "div_first"
+    assert r.elem_cast is RL.ElemCast.TE_REF and r.pad is RL.Pad.RAISE
+    assert MXRule("ceil").scale_mode is RL.ScaleMode.CEIL
+    with pytest.raises(ValueError, match=r"block_scale: unknown value 'te-mul'; valid choices: "
+                                         r"te_mul, div_first, torchao, single"):
+        TwoLevelRule(block_scale="te-mul")
+    # an E2M1 rule cannot name a float8 cast; an e2m1 NaN has no NaN code
+    with pytest.raises(ValueError, match=r"elem_cast: unknown value 'torch'"):
+        TwoLevelRule(elem_cast="torch")
+    with pytest.raises(ValueError, match=r"elem_nan: unknown value 'nan'"):
+        TwoLevelRule(elem_nan="nan")
+    with pytest.raises(ValueError, match=r"elem_cast: unknown value 'te_ref'"):
+        MXRule(elem_cast="te_ref")
+
+
+def test_rule_combinations_are_checked():
+    # a block scale / encode that reads a per-tensor scale needs one
+    with pytest.raises(ValueError, match=r"tensor_scale: .*does not go with block_scale te_mul"):
+        TwoLevelRule(tensor_scale="none")
+    with pytest.raises(ValueError, match=r"tensor_scale: .*does not go with"):
+        TwoLevelRule(tensor_scale="none", block_scale="single")       # encode TE reads 1/S_enc
+    # 4over6 computes TE's reference order only
+    with pytest.raises(ValueError, match=r"zero_amax: .*does not go with four_over_six mae"):
+        TwoLevelRule(four_over_six="mae", block_scale="div_first", elem_cast="te_ref")
+    for name in ("te_nvfp4_4over6", "te_nvfp4_4over6_mse"):
+        assert NVFP4_RULES[name].block_scale is RL.BlockScale.DIV_FIRST
+
+
+def test_choose_lists_the_allowed_choices():
+    with pytest.raises(ValueError, match=r"^pre_round: unknown value 'fp16'; valid choices: "
+                                         r"None, bfloat16$"):
+        RL.choose("pre_round", "fp16", RL.PreRound, optional=True)
+    assert RL.choose("pre_round", None, RL.PreRound, optional=True) is None
+    assert RL.choose("pad", RL.Pad.ZERO, RL.Pad) is RL.Pad.ZERO
+
+
+def test_one_registry_exact_and_fast():
+    from fp4ref.quant import FAST_QUANTIZERS
+    assert set(FAST_QUANTIZERS) == set(RECIPE_PROFILES)
+    for name, p in RECIPE_PROFILES.items():
+        assert isinstance(p.family, Family)
+        assert (p.exact is None) == (p.family is Family.FP8_SCALING), name
+    for name in MX_RULES:
+        assert RECIPE_PROFILES[name].rule is MX_RULES[name]
+    # a registered RecipeProfile works as the profile argument; another one does not
+    x = torch.ones(1, 16)
+    assert fq(x, get_profile("te_nvfp4")).same_bits(fq(x, "te_nvfp4"))
+    from dataclasses import replace
+    other = replace(get_profile("te_nvfp4"), rule=NVFP4_RULES["te_nvfp4_2509"])
+    with pytest.raises(ValueError, match="not the registered one"):
+        fq(x, other)

@@ -108,7 +108,7 @@ def test_torchao_floor_code0_divisor_quirk():
                                   "*to_mx [EVEN, float8_e5m2]*", "*to_mx [RCEIL, float4_e2m1fn]*",
                                   "*to_mx [RCEIL, float8_e4m3fn]*", "*to_mxfp [mxfp4]*"])
 def test_third_party_cells_agree(cell):
-    from fp4ref.conform import run_conformance
+    from fp4ref.harness.conform import run_conformance
     res = run_conformance([cell], cases=6, seed=2)
     assert res
     skipped = [f"{r.implementation}: {r.reason}" for r in res if r.status == "skipped"]

@@ -138,7 +138,7 @@ def test_torchao_profile_all_zero_tensor_quirk():
                                   "*4over6 MAE*1x16*", "*nvfp4_quantize [two-level]*",
                                   "*to_nvfp4 [one-level, swizzled*"])
 def test_third_party_cells_agree(cell):
-    from fp4ref.conform import run_conformance
+    from fp4ref.harness.conform import run_conformance
     res = run_conformance([cell], cases=6, seed=1)
     assert res, cell
     skipped = [f"{r.implementation}: {r.reason}" for r in res if r.status == "skipped"]

@@ -13,11 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reports import bits as B
+from fp4ref.harness.io import write_json_atomic
+from probes.recorder import ValidationRecorder
+from reference import bits as B
 from reports.cli import report_main
-from reports.schema import (ReportError, SchemaVersionError, ValidationRecorder, check_report,
-                            collect_environment, load_json, load_report, new_device, new_report,
-                            newest_report, validate_report, write_json_atomic, write_report)
+from reports.environment import collect_environment
+from reports.records import new_device, new_report, write_report
+from reports.schema import ReportError, SchemaVersionError, check_report, load_json, load_report, validate_report
+from reports.store import newest_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample_report.json"
@@ -393,7 +396,7 @@ def test_writer_flow_with_numpy_fraction_enum(tmp_path):
     import enum
     from fractions import Fraction
 
-    from reports.schema import probe_record, scan_record
+    from reports.records import probe_record, scan_record
 
     class Mode(enum.Enum):
         RTZ = "rtz"
@@ -422,7 +425,8 @@ def test_writer_flow_with_numpy_fraction_enum(tmp_path):
 
 
 def test_run_dir_layout(tmp_path):
-    from reports.schema import machine_slug, run_dir
+    from reports.environment import machine_slug
+    from reports.store import run_dir
     env = {"gpu": "NVIDIA H200", "cpu": "x86_64"}
     assert machine_slug(env) == "nvidia-h200"
     assert machine_slug({"gpu": None, "cpu": "x86_64"}) == "cpu-x86-64"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from reports.html import render_html, write_html
-from reports.schema import ReportError, scan_record
+from reports.records import scan_record
+from reports.schema import ReportError
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "data" / "sample_report.json"
@@ -249,7 +250,7 @@ def test_chromium_runs_no_injected_markup(tmp_path, sample):
 
 
 def test_conformance_independent_column_rendered(sample):
-    """The matrix's per-profile independent checks (fp4ref.conform.independent_column) are
+    """The matrix's per-profile independent checks (fp4ref.harness.conform.independent_column) are
     shown, SPEC-literal-only rules included; a matrix without the column renders as before."""
     r = copy.deepcopy(sample)
     if not r.get("conformance"):

@@ -9,7 +9,6 @@ fp32 -> e2m1 and fp32 -> e4m3 quantize rows).
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -17,7 +16,8 @@ import torch
 from reference.formats import get_format
 from reference.rounding import Policy, encode
 
-from .cast import dequantize, quantize
+from ..cast import dequantize, quantize
+from .timing import time_cpu, time_cuda
 
 __all__ = ["run", "CASES", "CUDA_TARGET"]
 
@@ -33,29 +33,9 @@ def _inputs(n, scale, device):
     return (torch.randn(n, generator=g) * scale).to(device)
 
 
-def _time_cpu(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
 def _time_cuda(fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
+    """Three untimed calls first: the first launches compile kernels and grow the allocator."""
+    return time_cuda(fn, reps, warmup=3)
 
 
 def _copy_bw(nbytes, device, reps):
@@ -84,7 +64,7 @@ def run(device="cpu", *, n: int | None = None, ref_n: int | None = None,
     rows = []
     backends = ["torch"]
     if cuda:
-        from . import cast_triton
+        from .. import cast_triton
         if cast_triton.available():
             backends = ["triton", "torch"]
     for short, fmt, scale, pol in CASES:
@@ -102,7 +82,7 @@ def run(device="cpu", *, n: int | None = None, ref_n: int | None = None,
                    "dequantize": _ref_rate(lambda c: float(spec.decode(c)), cs)}
         for op, label, bpe, fns in ops:
             for be, fn in fns.items():
-                t = _time_cuda(fn, reps) if cuda else _time_cpu(fn, reps)
+                t = _time_cuda(fn, reps) if cuda else time_cpu(fn, reps)
                 row = {"name": f"{op} {label}", "op": op, "format": fmt, "device": str(device),
                        "backend": be, "elements": n, "seconds": t, "elements_per_s": n / t,
                        "bytes_per_s": n * bpe / t}
@@ -119,7 +99,7 @@ def run(device="cpu", *, n: int | None = None, ref_n: int | None = None,
     return rows
 
 
-def main(argv=None) -> int:  # convenience: python -m fp4ref.bench_cast [device]
+def main(argv=None) -> int:  # convenience: python -m fp4ref.harness.bench_cast [device]
     import sys
     argv = list(sys.argv[1:] if argv is None else argv)
     devs = argv or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])

@@ -1,7 +1,7 @@
 """Side-by-side GEMM throughput: Triton emulated NVFP4 (probe_matched, bit-exact), cuBLAS
 bf16, dequantize-then-bf16-matmul, and the torch emulator.
 
-    python -m fp4ref.bench_gemm [--out bench_gemm.json] [--sizes 8192,4096]
+    python -m fp4ref.harness.bench_gemm [--out bench_gemm.json] [--sizes 8192,4096]
 
 ``run(device)`` returns one dict per (size, method): seconds per call (median of timed
 calls, CUDA events), TFLOP/s (2*M*N*K / s), peak memory (torch.cuda.max_memory_allocated,
@@ -13,36 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 
 import torch
 
+from .io import write_json_atomic
+from .timing import median_seconds
+
 __all__ = ["run", "main"]
-
-
-def _time(fn, device, warmup=1, iters=3):
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
-    else:
-        ts = []
-        for _ in range(iters):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def _mem_reset(device):
@@ -60,84 +38,90 @@ def _mem_peak(device):
 
 
 def run(device="cuda", sizes=(8192, 4096), emu_size: int = 2048, iters: int = 3) -> list[dict]:
-    from fp4ref import gemm_triton as GT
-    from fp4ref.gemm import emulate
+    from .. import gemm_triton as GT
     device = torch.device(device)
     rows = []
     gen = torch.Generator(device="cpu").manual_seed(0)
     for S in sizes:
-        M = N = K = S
-        x = torch.randn(M, K, generator=gen).to(device)
-        w = torch.randn(N, K, generator=gen).to(device)
-        ac, asc, ta = GT.quantize_operand(x, "nvfp4")
-        bc, bsc, tb = GT.quantize_operand(w, "nvfp4")
-        del x, w
+        rows += _size_rows(GT, S, device, gen, iters)
+    rows.append(_emulator_row(GT, emu_size, device, gen))
+    for S in sizes:  # ratio to cuBLAS at each size
+        cub = [r for r in rows if r["size"] == S and r["method"] == "cublas_bf16"]
+        for r in rows:
+            if r["size"] == S and cub:
+                r["fraction_of_cublas_bf16"] = r["tflops"] / cub[0]["tflops"]
+    return rows
 
-        def rec(method, fn, note="", size=S, extra=None):
-            _mem_reset(device)
-            base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
-            sec = _time(fn, device, iters=iters)
-            peak = _mem_peak(device)
-            f = 2.0 * size ** 3
-            r = {"size": size, "method": method, "seconds": sec, "tflops": f / sec / 1e12,
-                 "peak_mem_bytes": peak, "peak_mem_over_inputs_bytes": None if peak is None else peak - base,
-                 "note": note}
-            if extra:
-                r.update(extra)
-            rows.append(r)
-            print(json.dumps(r), flush=True)
 
-        if GT.available() and device.type == "cuda":
-            stats = GT.route_stats(ac, asc, bc, bsc, fmt="nvfp4")
-            rec("triton_nvfp4_probe_matched",
-                lambda: GT.blockscaled_mm(ac, asc, bc, bsc, fmt="nvfp4", model="probe_matched",
-                                          alpha=[ta, tb]),
-                "the public call fp4ref.blockscaled_mm: bit-exact emulation, end to end: code "
-                "decode to bf16, tile routing, kernels, fixups, epilogue", extra={"route": stats})
-            plan = GT.prepare(ac, asc, bc, bsc, fmt="nvfp4", model="probe_matched", alpha=[ta, tb])
-            rec("triton_nvfp4_probe_matched_prepared", plan,
-                "operands decoded and routed once (as a layer whose weights are reused): "
-                "kernels + fixups + epilogue", extra={"route": stats})
-            del plan
-        ops = [torch.randn(M, K, generator=gen).to(device, torch.bfloat16),
-               torch.randn(K, N, generator=gen).to(device, torch.bfloat16)]
-        rec("cublas_bf16", lambda: ops[0] @ ops[1], "torch.matmul bf16 -> bf16")
-        ops.clear()
-        av, sav = GT.decode_operand(ac, asc, "nvfp4")
-        bv, sbv = GT.decode_operand(bc, bsc, "nvfp4")
+def _size_rows(GT, S: int, device, gen, iters: int) -> list[dict]:
+    """The Triton paths (CUDA only), cuBLAS bf16 and dequantize-then-matmul at S^3."""
+    rows = []
+    M = N = K = S
+    x = torch.randn(M, K, generator=gen).to(device)
+    w = torch.randn(N, K, generator=gen).to(device)
+    ac, asc, ta = GT.quantize_operand(x, "nvfp4")
+    bc, bsc, tb = GT.quantize_operand(w, "nvfp4")
+    del x, w
 
-        def deq_mm():
-            a = (av * sav.repeat_interleave(16, 1) * ta).to(torch.bfloat16)
-            b = (bv * sbv.repeat_interleave(16, 1) * tb).to(torch.bfloat16)
-            return a @ b.t()
-        rec("dequantize_bf16_matmul", deq_mm, "decode + dequantize to bf16, then cuBLAS (not exact)")
-        del av, sav, bv, sbv
-    # the torch emulator, at a smaller size
-    E = emu_size
+    def rec(method, fn, note="", extra=None):
+        _mem_reset(device)
+        base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        sec = median_seconds(fn, device, iters)
+        peak = _mem_peak(device)
+        f = 2.0 * S ** 3
+        r = {"size": S, "method": method, "seconds": sec, "tflops": f / sec / 1e12,
+             "peak_mem_bytes": peak, "peak_mem_over_inputs_bytes": None if peak is None else peak - base,
+             "note": note}
+        if extra:
+            r.update(extra)
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+
+    if GT.available() and device.type == "cuda":
+        stats = GT.route_stats(ac, asc, bc, bsc, fmt="nvfp4")
+        rec("triton_nvfp4_probe_matched",
+            lambda: GT.blockscaled_mm(ac, asc, bc, bsc, fmt="nvfp4", model="probe_matched",
+                                      alpha=[ta, tb]),
+            "the public call fp4ref.blockscaled_mm: bit-exact emulation, end to end: code "
+            "decode to bf16, tile routing, kernels, fixups, epilogue", extra={"route": stats})
+        plan = GT.prepare(ac, asc, bc, bsc, fmt="nvfp4", model="probe_matched", alpha=[ta, tb])
+        rec("triton_nvfp4_probe_matched_prepared", plan,
+            "operands decoded and routed once (as a layer whose weights are reused): "
+            "kernels + fixups + epilogue", extra={"route": stats})
+        del plan
+    ops = [torch.randn(M, K, generator=gen).to(device, torch.bfloat16),
+           torch.randn(K, N, generator=gen).to(device, torch.bfloat16)]
+    rec("cublas_bf16", lambda: ops[0] @ ops[1], "torch.matmul bf16 -> bf16")
+    ops.clear()
+    av, sav = GT.decode_operand(ac, asc, "nvfp4")
+    bv, sbv = GT.decode_operand(bc, bsc, "nvfp4")
+
+    def deq_mm():
+        a = (av * sav.repeat_interleave(16, 1) * ta).to(torch.bfloat16)
+        b = (bv * sbv.repeat_interleave(16, 1) * tb).to(torch.bfloat16)
+        return a @ b.t()
+    rec("dequantize_bf16_matmul", deq_mm, "decode + dequantize to bf16, then cuBLAS (not exact)")
+    return rows
+
+
+def _emulator_row(GT, E: int, device, gen) -> dict:
+    """The torch emulator at E^3 (a smaller size: it is exact int64 work, not a fast path)."""
+    from ..gemm import emulate
     x = torch.randn(E, E, generator=gen).to(device)
     ac, asc, ta = GT.quantize_operand(x, "nvfp4")
     bc, bsc, tb = GT.quantize_operand(x.flip(0), "nvfp4")
     av, sav = GT.decode_operand(ac, asc, "nvfp4")
     bv, sbv = GT.decode_operand(bc, bsc, "nvfp4")
     bvt, sbvt = bv.t().contiguous(), sbv.t().contiguous()
-    rows_before = len(rows)
-    for S in [E]:
-        _mem_reset(device)
-        sec = _time(lambda: emulate("probe_matched", av, bvt, scales_a=sav, scales_b=sbvt, block=16,
-                                    alpha=[ta, tb]), device, warmup=0, iters=1)
-        rows.append({"size": S, "method": "torch_emulator_probe_matched", "seconds": sec,
-                     "tflops": 2.0 * S ** 3 / sec / 1e12, "peak_mem_bytes": _mem_peak(device),
-                     "note": f"fp4ref.gemm.emulate at {S}^3 (smaller size: it is an exact "
-                             "int64 emulator, not a fast path)"})
-        print(json.dumps(rows[-1]), flush=True)
-    del rows_before
-    # ratio to cuBLAS at each size
-    for S in sizes:
-        cub = [r for r in rows if r["size"] == S and r["method"] == "cublas_bf16"]
-        for r in rows:
-            if r["size"] == S and cub:
-                r["fraction_of_cublas_bf16"] = r["tflops"] / cub[0]["tflops"]
-    return rows
+    _mem_reset(device)
+    sec = median_seconds(lambda: emulate("probe_matched", av, bvt, scales_a=sav, scales_b=sbvt,
+                                         block=16, alpha=[ta, tb]), device, 1, warmup=0)
+    row = {"size": E, "method": "torch_emulator_probe_matched", "seconds": sec,
+           "tflops": 2.0 * E ** 3 / sec / 1e12, "peak_mem_bytes": _mem_peak(device),
+           "note": f"fp4ref.gemm.emulate at {E}^3 (smaller size: it is an exact "
+                   "int64 emulator, not a fast path)"}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def main(argv=None) -> int:
@@ -150,10 +134,7 @@ def main(argv=None) -> int:
     rows = run(args.device, tuple(int(s) for s in args.sizes.split(",")), args.emu_size)
     meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "torch": torch.__version__}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json_atomic(args.out, {"meta": meta, "rows": rows})
     print(f"wrote {args.out}")
     for r in rows:
         frac = r.get("fraction_of_cublas_bf16")

@@ -19,128 +19,137 @@ which a lone call of a ~50 us kernel cannot hide; ``seconds_device`` is the GPU 
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
 
-__all__ = ["run"]
+from .timing import timer
+
+__all__ = ["run", "PUBLIC_PAIRS"]
 
 
-def _timer(device, batch=1):
-    """Median seconds per call.  ``batch`` > 1: calls are enqueued back to back between one
-    pair of CUDA events (host launch work overlaps the previous call's GPU work), i.e.
-    sustained device throughput; ``batch`` = 1 also counts the host launch latency."""
-    if device.type == "cuda":
-        def t(fn, reps):
+class _Bench:
+    """One input tensor, its copy baseline and the rows measured against it."""
+
+    def __init__(self, device):
+        from ..quant.triton_quant import gpu_time
+        self.device = device
+        self.cuda = cuda = device.type == "cuda"
+        self.gpu_time = gpu_time
+        M = K = 8192 if cuda else 1024
+        self.shape = [M, K]
+        self.reps = 20 if cuda else 3
+        self.timeit = timer(device, batch=10 if cuda else 1)
+        self.timeit1 = timer(device)
+        g = torch.Generator(device="cpu").manual_seed(0)
+        self.x = x = torch.randn(M, K, generator=g, dtype=torch.float32).to(torch.bfloat16).to(device)
+        self.N = M * K
+        self.dst = dst = torch.empty_like(x)
+        t_copy = self.timeit(lambda: dst.copy_(x), self.reps)
+        self.copy_bytes = copy_bytes = 2 * self.N * 2
+        self.copy_bw = copy_bytes / t_copy
+        self.rows = [{"section": "quant", "name": "torch copy (baseline)", "device": str(device),
+                      "shape": [M, K], "dtype": "bfloat16", "seconds": t_copy,
+                      "seconds_single_call": self.timeit1(lambda: dst.copy_(x), self.reps),
+                      "bytes_moved": copy_bytes, "bytes_logical": copy_bytes,
+                      "gb_per_s": self.copy_bw / 1e9, "frac_copy_bw": 1.0, "frac_copy_bw_logical": 1.0}]
+
+    def _times(self, fn):
+        """(paired copy s, s, paired copy device s, device s, single call s).  The copy is timed
+        again right before each quantizer (and the two interleaved three times, best kept):
+        clock and thermal drift during the run cancel."""
+        copy = lambda: self.dst.copy_(self.x)  # noqa: E731
+        tc, t, tcd, td = (float("inf"),) * 4
+        for _ in range(3):
+            tc = min(tc, self.timeit(copy, self.reps))
+            t = min(t, self.timeit(fn, self.reps))
+            if self.cuda:   # device time alone: the launches queue up behind a GPU spin
+                tcd = min(tcd, self.gpu_time(copy, 10) / 1e4)
+                td = min(td, self.gpu_time(fn, 10) / 1e4)
+        return tc, t, tcd, td, self.timeit1(fn, self.reps)
+
+    def add(self, name, fn, moved, logical, note=""):
+        try:
             fn()
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(batch):
-                    fn()
-                b.record()
-                torch.cuda.synchronize()
-                ts.append(a.elapsed_time(b) / 1e3 / batch)
-            return statistics.median(ts)
-    else:
-        from fp4ref.bench_cast import _time_cpu as t  # one CPU timer for every bench section
-    return t
+            tc, t, tcd, td, t1 = self._times(fn)
+        except Exception as e:  # noqa: BLE001 - report, never fake
+            self.rows.append({"section": "quant", "name": name, "device": str(self.device),
+                              "skipped": True, "reason": f"{type(e).__name__}: {e}"})
+            return
+        bw = self.copy_bytes / tc
+        self.rows.append({
+            "section": "quant", "name": name, "device": str(self.device), "shape": self.shape,
+            "dtype": "bfloat16", "seconds": t, "seconds_single_call": t1, "copy_seconds_paired": tc,
+            "frac_copy_bw_logical_single_call": (logical / t1) / bw, "bytes_moved": moved,
+            "bytes_logical": logical, "gb_per_s": moved / t / 1e9, "frac_copy_bw": (moved / t) / bw,
+            "frac_copy_bw_logical": (logical / t) / bw,
+            "frac_copy_bw_logical_vs_first_copy": (logical / t) / self.copy_bw,
+            **({"seconds_device": td, "copy_seconds_device": tcd,
+                "frac_copy_bw_logical_device": (logical / td) / (self.copy_bytes / tcd)}
+               if self.cuda else {}),
+            "note": note})
 
 
 def run(device=None) -> list[dict]:
-    from .quant.triton_quant import gpu_time
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = device.type == "cuda"
-    M = K = 8192 if cuda else 1024
-    reps = 20 if cuda else 3
-    timeit = _timer(device, batch=10 if cuda else 1)
-    timeit1 = _timer(device)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(M, K, generator=g, dtype=torch.float32).to(torch.bfloat16).to(device)
-    N = M * K
-    dst = torch.empty_like(x)
-    t_copy = timeit(lambda: dst.copy_(x), reps)
-    copy_bytes = 2 * N * 2
-    copy_bw = copy_bytes / t_copy
-    rows = [{"section": "quant", "name": "torch copy (baseline)", "device": str(device),
-             "shape": [M, K], "dtype": "bfloat16", "seconds": t_copy,
-             "seconds_single_call": timeit1(lambda: dst.copy_(x), reps),
-             "bytes_moved": copy_bytes, "bytes_logical": copy_bytes, "gb_per_s": copy_bw / 1e9,
-             "frac_copy_bw": 1.0, "frac_copy_bw_logical": 1.0}]
-
-    def add(name, fn, moved, logical, note=""):
-        try:
-            fn()
-            # the copy is timed again right before each quantizer (and the two interleaved
-            # three times, best kept): clock and thermal drift during the run cancel
-            tc, t, tcd, td = (float("inf"),) * 4
-            for _ in range(3):
-                tc = min(tc, timeit(lambda: dst.copy_(x), reps))
-                t = min(t, timeit(fn, reps))
-                if cuda:   # device time alone: the launches queue up behind a GPU spin
-                    tcd = min(tcd, gpu_time(lambda: dst.copy_(x), 10) / 1e4)
-                    td = min(td, gpu_time(fn, 10) / 1e4)
-            t1 = timeit1(fn, reps)
-        except Exception as e:  # noqa: BLE001 - report, never fake
-            rows.append({"section": "quant", "name": name, "device": str(device), "skipped": True,
-                         "reason": f"{type(e).__name__}: {e}"})
-            return
-        bw = copy_bytes / tc
-        rows.append({"section": "quant", "name": name, "device": str(device), "shape": [M, K],
-                     "dtype": "bfloat16", "seconds": t, "seconds_single_call": t1,
-                     "copy_seconds_paired": tc,
-                     "frac_copy_bw_logical_single_call": (logical / t1) / bw,
-                     "bytes_moved": moved,
-                     "bytes_logical": logical, "gb_per_s": moved / t / 1e9,
-                     "frac_copy_bw": (moved / t) / bw,
-                     "frac_copy_bw_logical": (logical / t) / bw,
-                     "frac_copy_bw_logical_vs_first_copy": (logical / t) / copy_bw,
-                     **({"seconds_device": td, "copy_seconds_device": tcd,
-                         "frac_copy_bw_logical_device": (logical / td) / (copy_bytes / tcd)}
-                        if cuda else {}),
-                     "note": note})
-
+    b = _Bench(device)
+    N = b.N
     out_nv = N // 2 + N // 16 + 4            # packed e2m1 + ue4m3 scales + fp32 tensor scale
     out_mx = N // 2 + N // 32
-    from .quant import nvfp4 as FN
-    from .quant import mx as FM
-    from .quant import ue5m3 as FU
-    from .quant import triton_quant as TQ
-    fused = TQ.available(x)
-    if fused:
-        from .quant.nvfp4 import s_enc_params
-        amax = TQ.amax(x)
-        _, dec, mult = s_enc_params(amax, 448.0)
-        p_nv = torch.stack((mult, dec))
-        _, dec5, mult5 = s_enc_params(amax, 448.0)
-        p_ue = torch.stack((mult5, dec5))
-        # internal entry points, then the public calls on the same tensor: bytes_moved of
-        # current scaling counts the input twice (torch max|x|, then the fused quantize)
-        add("fp4ref NVFP4 te_nvfp4 1x16, current scaling (Triton: amax pass + fused quantize)",
-            lambda: FN.quantize_packed(x, "te_nvfp4"), 2 * N * 2 + out_nv, N * 2 + out_nv,
-            "internal: nvfp4.quantize_packed, packed codes")
-        add("fp4ref NVFP4 te_nvfp4 1x16, amax given (Triton fused, one pass)",
-            lambda: TQ.two_level_1x16(x, p_nv, "ue4m3", False), N * 2 + out_nv, N * 2 + out_nv,
-            "internal: triton_quant.two_level_1x16, per-tensor scales given")
-        add("fp4ref UE5M3 B=16 T=448, cached amax (Triton fused, one pass)",
-            lambda: TQ.two_level_1x16(x, p_ue, "ue5m3", True), N * 2 + out_nv, N * 2 + out_nv,
-            "internal: triton_quant.two_level_1x16, per-tensor scales given")
-        add("fp4ref MXFP4 ocp_mx_floor (Triton fused, one pass)",
-            lambda: TQ.mx_floor_e2m1(x), N * 2 + out_mx, N * 2 + out_mx,
-            "internal: triton_quant.mx_floor_e2m1")
-        _public_rows(add, x, amax, N * 2, out_nv, out_mx)
-    _pair_public(rows)
-    add("fp4ref NVFP4 te_nvfp4 1x16 (torch path)",
-        lambda: FN.quantize(x, "te_nvfp4", backend="torch"), 2 * N * 2 + out_nv, N * 2 + out_nv,
-        "unfused torch ops; codes kept unpacked (one byte per element)")
-    add("fp4ref UE5M3 B=16 T=448 (torch path)",
-        lambda: FU.quantize(x, amax=1.0, backend="torch"), N * 2 + out_nv, N * 2 + out_nv,
-        "unfused torch ops")
-    add("fp4ref MXFP4 ocp_mx_floor (torch path)",
-        lambda: FM.quantize(x, "ocp_mx_floor", backend="torch"), N * 2 + out_mx,
-        N * 2 + out_mx, "unfused torch ops")
+    _fused_rows(b, out_nv, out_mx)
+    _pair_public(b.rows)
+    _torch_rows(b, out_nv, out_mx)
+    _torchao_rows(b, out_nv, out_mx)
+    return b.rows
+
+
+def _fused_rows(b: _Bench, out_nv: int, out_mx: int) -> None:
+    """The Triton kernels' internal entry points, then the public calls on the same tensor:
+    bytes_moved of current scaling counts the input twice (torch max|x|, then the kernel)."""
+    from ..quant import nvfp4 as FN
+    from ..quant import triton_quant as TQ
+    x, N, add = b.x, b.N, b.add
+    if not TQ.available(x):
+        return
+    from ..quant.nvfp4 import s_enc_params
+    amax = TQ.amax(x)
+    _, dec, mult = s_enc_params(amax, 448.0)
+    p_nv = torch.stack((mult, dec))
+    _, dec5, mult5 = s_enc_params(amax, 448.0)
+    p_ue = torch.stack((mult5, dec5))
+    add("fp4ref NVFP4 te_nvfp4 1x16, current scaling (Triton: amax pass + fused quantize)",
+        lambda: FN.quantize_packed(x, "te_nvfp4"), 2 * N * 2 + out_nv, N * 2 + out_nv,
+        "internal: nvfp4.quantize_packed, packed codes")
+    add("fp4ref NVFP4 te_nvfp4 1x16, amax given (Triton fused, one pass)",
+        lambda: TQ.two_level_1x16(x, p_nv, "ue4m3", False), N * 2 + out_nv, N * 2 + out_nv,
+        "internal: triton_quant.two_level_1x16, per-tensor scales given")
+    add("fp4ref UE5M3 B=16 T=448, cached amax (Triton fused, one pass)",
+        lambda: TQ.two_level_1x16(x, p_ue, "ue5m3", True), N * 2 + out_nv, N * 2 + out_nv,
+        "internal: triton_quant.two_level_1x16, per-tensor scales given")
+    add("fp4ref MXFP4 ocp_mx_floor (Triton fused, one pass)",
+        lambda: TQ.mx_floor_e2m1(x), N * 2 + out_mx, N * 2 + out_mx,
+        "internal: triton_quant.mx_floor_e2m1")
+    _public_rows(add, x, amax, N * 2, out_nv, out_mx)
+
+
+def _torch_rows(b: _Bench, out_nv: int, out_mx: int) -> None:
+    from ..quant import mx as FM
+    from ..quant import nvfp4 as FN
+    from ..quant import ue5m3 as FU
+    x, N = b.x, b.N
+    b.add("fp4ref NVFP4 te_nvfp4 1x16 (torch path)",
+          lambda: FN.quantize(x, "te_nvfp4", backend="torch"), 2 * N * 2 + out_nv, N * 2 + out_nv,
+          "unfused torch ops; codes kept unpacked (one byte per element)")
+    b.add("fp4ref UE5M3 B=16 T=448 (torch path)",
+          lambda: FU.quantize(x, amax=1.0, backend="torch"), N * 2 + out_nv, N * 2 + out_nv,
+          "unfused torch ops")
+    b.add("fp4ref MXFP4 ocp_mx_floor (torch path)",
+          lambda: FM.quantize(x, "ocp_mx_floor", backend="torch"), N * 2 + out_mx,
+          N * 2 + out_mx, "unfused torch ops")
+
+
+def _torchao_rows(b: _Bench, out_nv: int, out_mx: int) -> None:
+    """torchao's quantizers on the same tensor, beside ours (skipped, with the reason, when
+    torchao does not import)."""
+    x, N = b.x, b.N
     try:
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
         from torchao.prototype.mx_formats.mx_tensor import to_mx
@@ -149,15 +158,14 @@ def run(device=None) -> list[dict]:
         def ao_nv():
             pts = per_tensor_amax_to_scale(torch.max(torch.abs(x)))
             return NVFP4Tensor.to_nvfp4(x, 16, per_tensor_scale=pts)
-        add("torchao NVFP4Tensor.to_nvfp4 two-level (torch path)", ao_nv,
-            2 * N * 2 + out_nv, N * 2 + out_nv)
-        add("torchao to_mx MXFP4 FLOOR (torch path)",
-            lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.FLOOR),
-            N * 2 + out_mx, N * 2 + out_mx)
+        b.add("torchao NVFP4Tensor.to_nvfp4 two-level (torch path)", ao_nv,
+              2 * N * 2 + out_nv, N * 2 + out_nv)
+        b.add("torchao to_mx MXFP4 FLOOR (torch path)",
+              lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.FLOOR),
+              N * 2 + out_mx, N * 2 + out_mx)
     except Exception as e:  # noqa: BLE001
-        rows.append({"section": "quant", "name": "torchao quantizers", "device": str(device),
-                     "skipped": True, "reason": f"torchao not importable: {type(e).__name__}: {e}"})
-    return rows
+        b.rows.append({"section": "quant", "name": "torchao quantizers", "device": str(b.device),
+                       "skipped": True, "reason": f"torchao not importable: {type(e).__name__}: {e}"})
 
 
 # public row -> the internal row it should match (ratio_public_internal = t_internal / t)
@@ -179,7 +187,7 @@ def _public_rows(add, x, amax, in_bytes, out_nv, out_mx):
     """The calls users make: fp4ref.quantize_recipe(..., backend="triton") returning a
     BlockScaledTensor (codes packed until read), amax as a float32 device tensor (a cached
     amax) or None (current scaling: two reads of the input)."""
-    import fp4ref
+    import fp4ref   # the public name itself: that is the call users make
     q = fp4ref.quantize_recipe
     names = list(PUBLIC_PAIRS)
     add(names[0], lambda: q(x, "te_nvfp4", amax=amax, backend="triton"),

@@ -37,7 +37,8 @@ import torch
 
 from reference.formats import get_format
 from . import thirdparty as tp
-from .quant.inputs import GRID_KINDS
+from .io import write_json_atomic
+from ..quant.inputs import GRID_KINDS
 
 __all__ = ["CellSpec", "CellResult", "CELLS", "cell_names", "run_cell", "run_conformance",
            "write_matrix", "main", "SCHEMA", "SCHEMA_VERSION", "INDEPENDENT_TESTS",
@@ -90,7 +91,7 @@ class CellResult:
 
 # ------------------------------------------------------------------ helpers
 def _unpack(packed: torch.Tensor, cols: int) -> torch.Tensor:
-    from .quant.blocked import unpack_codes
+    from ..quant.blocked import unpack_codes
     return unpack_codes(packed.contiguous().view(torch.uint8), cols)
 
 
@@ -102,9 +103,9 @@ def _profile_runner(profile: str, **kw):
     def run(x, engine):
         if engine == "exact":
             from reference.recipes import quantize as rq
-            from .quant.blocked import BlockScaledTensor
+            from ..quant.blocked import BlockScaledTensor
             return _from_q(BlockScaledTensor.from_reference(rq(x, profile, **kw)))
-        from .quant import quantize as fq
+        from ..quant import quantize as fq
         return _from_q(fq(x, profile, **kw))
     return run
 
@@ -269,7 +270,7 @@ def _torchao_nvfp4_runner(two_level: bool, api: str):
                                        is_swizzled_scales=(api == "to_nvfp4_swizzled"))
             d, s = t.qdata, t.scale
             if api == "to_nvfp4_swizzled":
-                from .quant.blocked import from_swizzled
+                from ..quant.blocked import from_swizzled
                 s = from_swizzled(s.reshape(-1).view(torch.uint8), x.shape[0], x.shape[1] // 16)
         return Output(_unpack(d, x.shape[1]), s.view(torch.uint8).reshape(x.shape[0], -1),
                       "float4_e2m1fn", "float8_e4m3fn")
@@ -347,7 +348,7 @@ def _te_cs_profile(fmt: str, pow2: bool):
                                              variant="ref")) for v in row] for row in a]
             bits = torch.tensor(vals, dtype=torch.int64)
         else:
-            from .quant.scaling import te_current_scale
+            from ..quant.scaling import te_current_scale
             bits = _bits32(te_current_scale(a, fmt, pow2=pow2, variant="ref"))
         return Output(torch.zeros(x.shape, dtype=torch.uint8), bits, "float4_e2m1fn", "float32")
     return run
@@ -360,9 +361,16 @@ def _absent(reason: str):
 
 
 def _build_cells() -> list[CellSpec]:
-    cells = []
+    """Every cell, in the matrix's order."""
     tev = tp.te_version() or "?"
     aov = tp.torchao_version() or "?"
+    return (_te_nvfp4_cells(tev) + _torchao_cells(aov) + _torch_cells() + _te_current_cells(tev)
+            + _unwired_cells(tev))
+
+
+def _te_nvfp4_cells(tev: str) -> list[CellSpec]:
+    """Transformer Engine's NVFP4QuantizerRef: tiles, copies, RHT, 4over6."""
+    cells = []
     for tile in ((1, 16), (16, 16)):
         for copy in ("rowwise", "columnwise"):
             t = f"{tile[0]}x{tile[1]}"
@@ -386,6 +394,12 @@ def _build_cells() -> list[CellSpec]:
                 prof, _te_runner(tile, "rowwise", fo6=mode),
                 _profile_runner(prof, tile=tile, copy="rowwise"), rows=(16,), cols=(32, 64),
                 needs=tp.te_reference_nvfp4))
+    return cells
+
+
+def _torchao_cells(aov: str) -> list[CellSpec]:
+    """torchao: NVFP4 (three APIs, one and two levels) and to_mx (every mode and format)."""
+    cells = []
     for two in (True, False):
         prof = "torchao_nvfp4" if two else "torchao_nvfp4_1level"
         lvl = "two-level" if two else "one-level"
@@ -402,12 +416,24 @@ def _build_cells() -> list[CellSpec]:
                                   f"torchao_mx_{mode}", _torchao_mx_runner(mode, fmt),
                                   _profile_runner(f"torchao_mx_{mode}", elem_fmt=fmt),
                                   block=32, cols=(32, 64), needs=tp.torchao_mx))
+    return cells
+
+
+def _torch_cells() -> list[CellSpec]:
+    """PyTorch's own test reference (testing common_quantized.to_mxfp)."""
+    cells = []
     for fmt in ("float4_e2m1fn", "float8_e4m3fn"):
         cells.append(CellSpec(f"torch {torch.__version__.split('+')[0]} testing common_quantized."
                               f"to_mxfp [{'mxfp4' if fmt == 'float4_e2m1fn' else 'mxfp8'}]",
                               "pytorch_test_mx", _pt_mx_runner(fmt),
                               _profile_runner("pytorch_test_mx", elem_fmt=fmt), block=32,
                               cols=(32, 64), needs=tp.torch_test_quantized))
+    return cells
+
+
+def _te_current_cells(tev: str) -> list[CellSpec]:
+    """Transformer Engine's FP8 current-scaling reference: the scale of each amax."""
+    cells = []
     for fmt in ("float8_e4m3fn", "float8_e5m2"):
         for pow2 in (False, True):
             cells.append(CellSpec(
@@ -416,7 +442,12 @@ def _build_cells() -> list[CellSpec]:
                 "te_fp8_current_ref", _te_cs_runner(fmt, pow2), _te_cs_profile(fmt, pow2),
                 block=1, rows=(1, 4), cols=(16,), dtypes=(torch.float32,),
                 needs=tp.te_reference_current_scaling))
-    # implementations we know of but cannot run here: reported, never faked
+    return cells
+
+
+def _unwired_cells(tev: str) -> list[CellSpec]:
+    """Implementations we know of but cannot run here: reported, never faked."""
+    cells = []
     cells.append(CellSpec("transformer_engine NVFP4 CUDA kernel (tex.quantize)", "te_nvfp4",
                           None, None, needs=_te_kernel_needs))
     cells.append(CellSpec("torchao NVFP4 Triton kernel (use_triton_kernel=True)", "torchao_nvfp4",
@@ -496,7 +527,7 @@ def run_cell(spec: CellSpec, cases: int = 60, seed: int = 0, engine: str = "fast
 
     first = None
     k = 0
-    from .quant.inputs import BLOCK_KINDS, crafted_tensors, random_tensor
+    from ..quant.inputs import BLOCK_KINDS, crafted_tensors, random_tensor
     inputs = []
     for i in range(cases):
         R = spec.rows[i % len(spec.rows)]
@@ -541,7 +572,7 @@ def _hypothesis_search(spec, check, n, res):
         from hypothesis import HealthCheck, Phase, given, settings
     except ImportError:
         return None
-    from .quant.inputs import BLOCK_KINDS, block_tensors
+    from ..quant.inputs import BLOCK_KINDS, block_tensors
     failing = []
 
     @settings(max_examples=n, derandomize=True, database=None, deadline=None,
@@ -649,7 +680,6 @@ def write_matrix(results: list[CellResult], path: str) -> None:
     """Atomic JSON write (temp file in the target directory, then os.replace)."""
     obj = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
            "cells": [r.as_json() for r in results], "independent": independent_column(results)}
-    from reports.schema import write_json_atomic  # the project's one atomic writer
     write_json_atomic(path, obj)
 
 

@@ -28,7 +28,7 @@ import types
 from pathlib import Path
 
 __all__ = ["Unavailable", "torchao_mx", "torchao_nvfp4", "te_reference_nvfp4", "te_quantization",
-           "te_version", "torchao_version", "torch_test_quantized"]
+           "te_reference_current_scaling", "te_version", "torchao_version", "torch_test_quantized"]
 
 
 class Unavailable(RuntimeError):
@@ -193,28 +193,25 @@ def _te_bootstrap():
     _TE_CACHE["ok"] = True
 
 
-def te_reference_nvfp4():
-    """``transformer_engine.pytorch.custom_recipes.reference_nvfp4`` (runs on CPU)."""
+def _te_module(sub: str, what: str):
+    """``transformer_engine.pytorch.<sub>`` after the bootstrap; Unavailable names ``what``."""
     _te_bootstrap()
     try:
-        return importlib.import_module("transformer_engine.pytorch.custom_recipes.reference_nvfp4")
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"TE reference_nvfp4 not importable: {type(e).__name__}: {e}") from None
+        return importlib.import_module(f"transformer_engine.pytorch.{sub}")
+    except Exception as e:  # noqa: BLE001 - any import failure means "absent here"
+        raise Unavailable(f"{what} not importable: {type(e).__name__}: {e}") from None
+
+
+def te_reference_nvfp4():
+    """``transformer_engine.pytorch.custom_recipes.reference_nvfp4`` (runs on CPU)."""
+    return _te_module("custom_recipes.reference_nvfp4", "TE reference_nvfp4")
 
 
 def te_quantization():
     """``transformer_engine.pytorch.quantization`` (FP8 delayed-scaling update functions)."""
-    _te_bootstrap()
-    try:
-        return importlib.import_module("transformer_engine.pytorch.quantization")
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"TE quantization not importable: {type(e).__name__}: {e}") from None
+    return _te_module("quantization", "TE quantization")
 
 
 def te_reference_current_scaling():
-    _te_bootstrap()
-    try:
-        return importlib.import_module(
-            "transformer_engine.pytorch.custom_recipes.reference_current_scaling")
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"TE reference_current_scaling not importable: {e}") from None
+    """``transformer_engine.pytorch.custom_recipes.reference_current_scaling`` (FP8 scales)."""
+    return _te_module("custom_recipes.reference_current_scaling", "TE reference_current_scaling")

@@ -10,10 +10,8 @@ available on the device (torch, and Triton on CUDA) is checked.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from datetime import timedelta
 
 import torch
 
@@ -22,10 +20,11 @@ from reference.formats import FormatSpec, small_formats
 from reference.rounding import (InfPolicy, Mode, NanPolicy, Negative, NoZero, Overflow, Policy,
                                 Subnormal, default_policy, parse_mode)
 
-from .cast import quantize
+from ..cast import quantize
+from .io import write_json_atomic
+from .launch import close_group, gather, init_group, launch_env, shard, share_code
 
-__all__ = ["main", "verify_policy", "table_quantize", "launch_env", "first_host", "init_group", "shard",
-           "merge_results"]
+__all__ = ["main", "verify_policy", "table_quantize", "merge_results", "run_slice"]
 
 _TOTAL = 1 << 32
 
@@ -144,86 +143,6 @@ def _patterns(start: int, n: int, stride: int, device) -> torch.Tensor:
     return i.to(torch.int32)
 
 
-def _write_json(path: str, obj) -> None:
-    from reports.schema import write_json_atomic  # the project's one atomic writer
-    write_json_atomic(path, obj)
-
-
-# --- ranks: torchrun or srun, one disjoint slice of the inputs each ------------------------------
-DEFAULT_PORT = 29500
-
-
-def first_host(nodelist: str) -> str:
-    """First host of a Slurm node list ('gpu[03-05,9],cpu1' -> 'gpu03')."""
-    head, depth = "", 0
-    for c in nodelist:
-        if c == "," and depth == 0:
-            break
-        depth += (c == "[") - (c == "]")
-        head += c
-    if "[" not in head:
-        return head
-    pre, _, rng = head.partition("[")
-    return pre + rng.split(",")[0].split("-")[0].rstrip("]")
-
-
-def _int_var(environ, name: str, minimum: int) -> int:
-    v = environ.get(name, "")
-    try:
-        n = int(v)
-    except ValueError:
-        n = None
-    if n is None or n < minimum:
-        raise ValueError(f"{name}: {v!r} is not an integer >= {minimum} (set by torchrun or srun)")
-    return n
-
-
-def launch_env(environ=None) -> dict:
-    """rank, world_size, local_rank, master_addr, master_port and the launcher that set them.
-    torchrun's variables win; Slurm's (SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID) are mapped
-    onto them, the rendezvous host from MASTER_ADDR, SLURM_LAUNCH_NODE_IPADDR or the first node
-    of SLURM_JOB_NODELIST; with neither launcher, one rank."""
-    environ = os.environ if environ is None else environ
-    if "RANK" in environ or "WORLD_SIZE" in environ:
-        launcher, names = "torchrun", ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    elif "SLURM_PROCID" in environ:
-        launcher, names = "slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
-    else:
-        return {"launcher": "none", "rank": 0, "world_size": 1, "local_rank": 0,
-                "master_addr": None, "master_port": None}
-    rank = _int_var(environ, names[0], 0)
-    world = _int_var(environ, names[1], 1)
-    local = _int_var(environ, names[2], 0) if names[2] in environ else 0
-    if rank >= world:
-        raise ValueError(f"{names[0]}: {rank} is not below {names[1]} = {world}")
-    addr = environ.get("MASTER_ADDR") or environ.get("SLURM_LAUNCH_NODE_IPADDR")
-    if not addr and environ.get("SLURM_JOB_NODELIST"):
-        addr = first_host(environ["SLURM_JOB_NODELIST"])
-    port = _int_var(environ, "MASTER_PORT", 1) if "MASTER_PORT" in environ else DEFAULT_PORT
-    if world > 1 and not addr:
-        raise ValueError("MASTER_ADDR: not set (export MASTER_ADDR=<first node> for srun)")
-    return {"launcher": launcher, "rank": rank, "world_size": world, "local_rank": local,
-            "master_addr": addr, "master_port": port}
-
-
-def init_group(env: dict, timeout_s: float = 1800.0) -> bool:
-    """A gloo process group over env:// when there is more than one rank (gloo: CPU-only
-    nodes work, no NCCL needed); False when running alone."""
-    if env["world_size"] <= 1:
-        return False
-    import torch.distributed as dist
-    os.environ["MASTER_ADDR"] = str(env["master_addr"])
-    os.environ["MASTER_PORT"] = str(env["master_port"])
-    dist.init_process_group("gloo", init_method="env://", rank=env["rank"],
-                            world_size=env["world_size"], timeout=timedelta(seconds=timeout_s))
-    return True
-
-
-def shard(total: int, rank: int, world: int) -> tuple[int, int]:
-    """[lo, hi) of the input indices that ``rank`` checks: contiguous, disjoint, covering."""
-    return total * rank // world, total * (rank + 1) // world
-
-
 def merge_results(parts: list, max_report: int = 10) -> dict:
     """Per-rank {fmt: {mode: {backend: record}}} summed into one (inputs, mismatches; the
     slowest rank's seconds; the first ``max_report`` examples in rank order)."""
@@ -271,7 +190,7 @@ def _setup(args) -> dict:
     dev = check_choice("device", args.device, ("auto", "cpu", "cuda"))
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
-    from . import cast_triton
+    from .. import cast_triton
     avail = ["torch"] + (["triton"] if dev == "cuda" and cast_triton.available() else [])
     backend = check_choice("backend", args.backend, ("all", "torch", "triton"))
     backends = avail if backend == "all" else [check_choice("backend", backend, avail)]
@@ -332,15 +251,6 @@ def run_slice(cfg: dict, lo: int, hi: int, extra=(), max_report: int = 10, quiet
     return results
 
 
-def _gather(results: dict, env: dict, grouped: bool) -> list | None:
-    if not grouped:
-        return [results]
-    import torch.distributed as dist
-    got = [None] * env["world_size"] if env["rank"] == 0 else None
-    dist.gather_object(results, got, dst=0)
-    return got
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parse(list(sys.argv[1:] if argv is None else argv))
@@ -356,9 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, cfg, env, grouped)
     finally:
-        if grouped:
-            import torch.distributed as dist
-            dist.destroy_process_group()
+        close_group(grouped)
 
 
 def _run(args, cfg: dict, env: dict, grouped: bool) -> int:
@@ -370,7 +278,7 @@ def _run(args, cfg: dict, env: dict, grouped: bool) -> int:
           f"backends {','.join(cfg['backends'])}, modes {','.join(m.name for m in modes)}"
           + (f"; rank {rank} of {world}: inputs [{lo}, {hi})" if world > 1 else ""))
     extra = cfg["extra"] if rank == 0 else []  # checked once, by rank 0
-    parts = _gather(run_slice(cfg, lo, hi, extra, args.max_report, quiet=world > 1), env, grouped)
+    parts = gather(run_slice(cfg, lo, hi, extra, args.max_report, quiet=world > 1), env, grouped)
     code = 0
     if rank == 0:
         results = merge_results(parts, args.max_report)
@@ -380,16 +288,11 @@ def _run(args, cfg: dict, env: dict, grouped: bool) -> int:
                    "modes": [m.name for m in modes], "seconds": round(time.time() - t_all, 3), "ranks": world,
                    "policies": {f.name: _pol_str(verify_policy(f)) for f in fmts}, "results": results}
         if args.out:
-            _write_json(args.out, summary)
+            write_json_atomic(args.out, summary)
         print(f"verify-exhaustive: {'OK' if n_bad == 0 else 'FAILED'}: {n_bad} mismatches, "
               f"{time.time() - t_all:.1f} s" + (f" on {world} ranks" if world > 1 else ""))
         code = 0 if n_bad == 0 else 1
-    if grouped:  # every rank exits with the merged result's code
-        import torch.distributed as dist
-        box = [code]
-        dist.broadcast_object_list(box, src=0)
-        code = int(box[0])
-    return code
+    return share_code(code, grouped)  # every rank exits with the merged result's code
 
 
 if __name__ == "__main__":  # pragma: no cover

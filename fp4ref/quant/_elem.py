@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from reference.formats import get_format
+from reference.recipes.rules import ElemNan, choose, unreachable
 from reference.rounding import Mode, Policy
 from fp4ref import cast
 
@@ -14,15 +15,22 @@ _POL = {}
 
 
 def _policy(fmt, nan: str) -> Policy:
+    """The satfinite policy whose NaN result is reference.recipes.elem.rne_signed's."""
     key = (fmt, nan)
     if key not in _POL:
-        spec = get_format(fmt)
-        if spec.has_nan:  # float8 elements: NaN -> the format's canonical NaN
-            _POL[key] = Policy.make(overflow="satfinite", inf="saturate", nan="canonical")
-        else:
-            _POL[key] = Policy.make(overflow="satfinite", inf="saturate",
-                                    nan={"max": "to_max", "zero": "to_zero"}.get(nan, "to_zero"))
+        _POL[key] = Policy.make(overflow="satfinite", inf="saturate",
+                                nan=_nan_policy(get_format(fmt), choose("nan", nan, ElemNan)))
     return _POL[key]
+
+
+def _nan_policy(spec, nan: ElemNan) -> str:
+    if nan is ElemNan.NAN:   # the format's NaN (float8 elements), +max where it has none
+        return "canonical" if spec.has_nan else "to_max"
+    if nan is ElemNan.ZERO:
+        return "to_zero"
+    if nan is ElemNan.MAX:
+        return "to_max"
+    unreachable("nan", nan)
 
 
 def rne_signed(q: torch.Tensor, fmt: str, mode=Mode.RNE, rbits=None, nbits=None,

@@ -79,7 +79,9 @@ def _block(kind: str, B: int, rnd, k_range=(-12, 12)) -> list[float]:
         return v
     if kind == "heavy":
         return [rnd.normal() * math.exp(3 * rnd.normal()) * s for _ in range(B)]
-    return [rnd.normal() * s for _ in range(B)]
+    if kind == "normal":
+        return [rnd.normal() * s for _ in range(B)]
+    raise ValueError(f"kind: unknown value {kind!r}; valid choices: {', '.join(BLOCK_KINDS)}, grid")
 
 
 class _Rng:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import functools
+import math
 from fractions import Fraction
 
 import torch
 
 from reference.errors import check_choice
-from reference.exact import exact
+from reference.exact import Exact, Kind, exact
 from reference.formats import get_format
 from reference.recipes import f32 as F
 from reference.recipes.common import check_tile, check_target
-from reference.recipes.nvfp4 import NVFP4_RULES, TE_RHT_SIGNS, TwoLevelRule, hadamard_matrix
+from reference.recipes.nvfp4 import (NVFP4_RULES, TE_RHT_SIGNS, TwoLevelRule, exact_sum,
+                                     hadamard_matrix)
+from reference.recipes.rules import (BlockScale, Copy, ElemCast, ElemNan, EncodeRule,
+                                     FourOverSix, Pad, PreRound, RhtAccum, TensorScale, ZeroAmax,
+                                     choose, unreachable)
 from reference.rounding import Mode, Policy
 from fp4ref import cast
 from . import _elem as E
@@ -20,7 +25,11 @@ from ._common import (mode_arg, tq, FLT_MAX, INPUT_DTYPES, cached_plan, check_in
                       check_rbits, f32_scalar, pad2d)
 from .blocked import BlockScaledTensor
 
-__all__ = ["quantize", "quantize_packed", "rht16"]
+__all__ = ["quantize", "quantize_packed", "rht16", "s_enc_params", "per_tensor_scale",
+           "block_scale_f32", "block_scale_code", "te_encode_factor", "encode_elements"]
+
+E2M1 = "float4_e2m1fn"
+BACKENDS = ("auto", "torch", "triton")
 
 
 @functools.lru_cache(maxsize=256)
@@ -45,7 +54,8 @@ def rht16(x: torch.Tensor, signs=TE_RHT_SIGNS, accum: str = "exact") -> torch.Te
     R, C = x.shape
     if C % 16:
         raise ValueError(f"x: inner dimension {C} is not a multiple of the Hadamard size 16")
-    check_choice("rht_accum", accum, ("exact",))
+    if choose("rht_accum", accum, RhtAccum) is not RhtAccum.EXACT:
+        unreachable("rht_accum", accum)
     x32 = x.to(torch.float32)
     H = torch.tensor(hadamard_matrix(16), dtype=torch.float64, device=x.device)
     S = torch.tensor(signs, dtype=torch.float64, device=x.device)
@@ -72,13 +82,7 @@ def rht16(x: torch.Tensor, signs=TE_RHT_SIGNS, accum: str = "exact") -> torch.Te
 
 def _rht_group_exact(vals, signs) -> list[int]:
     """One RHT16 group with Python integers: the exact sum rounded once to bf16."""
-    import math
-    from fractions import Fraction
-    from reference.exact import Exact, Kind
-    from reference.recipes.nvfp4 import _exact_sum
     H = hadamard_matrix(16)
-    if any(math.isnan(v) or math.isinf(v) for v in vals):
-        terms_all = None
     out = []
     fin = all(math.isfinite(v) for v in vals)
     if fin:
@@ -104,7 +108,7 @@ def _rht_group_exact(vals, signs) -> list[int]:
                 t = exact(vals[i])
                 t = t if signs[i] * H[i][j] > 0 else -t
                 terms.append(t if not t.is_finite else Exact(Kind.FINITE, t.negative, t.mag / 4))
-            v = F.bf16(_exact_sum(terms))
+            v = F.bf16(exact_sum(terms))
         out.append(F.bits(v))
     return out
 
@@ -120,17 +124,23 @@ def _scale_cast(s: torch.Tensor, fmt: str):
 
 
 def _elem(q, rule, mode, rbits, nbits):
-    if rule.elem_cast == "te_ref" and mode is Mode.RNE:
+    """The rule's element cast (reference.recipes.elem.cast_elem): any cast rounds SR in
+    mode SR."""
+    how = rule.elem_cast
+    if how is ElemCast.RNE or mode is not Mode.RNE:
+        return E.rne_signed(q, E2M1, mode, rbits, nbits, rule.elem_nan)
+    if how is ElemCast.TE_REF:
         return E.te_ref_fp4(q)
-    if rule.elem_cast == "torchao" and mode is Mode.RNE:
-        return E.torchao_floatx(q, "float4_e2m1fn")
-    return E.rne_signed(q, "float4_e2m1fn", mode, rbits, nbits, rule.elem_nan)
+    if how is ElemCast.TORCHAO:
+        return E.torchao_floatx(q, E2M1)
+    unreachable("elem_cast", how)
 
 
 def _rule_fits(rule, tile, mode, copy) -> bool:
     """The fused kernel computes this rule (x aside)."""
-    return (rule.tensor_scale == "te" and rule.block_scale == "te_mul" and rule.encode == "te"
-            and rule.elem_cast == "rne" and rule.elem_nan == "max" and not rule.four_over_six
+    return (rule.tensor_scale is TensorScale.TE and rule.block_scale is BlockScale.TE_MUL
+            and rule.encode is EncodeRule.TE and rule.elem_cast is ElemCast.RNE
+            and rule.elem_nan is ElemNan.MAX and rule.four_over_six is None
             and rule.pre_round is None and rule.scale_lo is None
             and rule.scale_fmt in ("ue4m3", "ue5m3") and tuple(tile) == (1, 16)
             and mode is Mode.RNE and copy == "rowwise")
@@ -152,25 +162,122 @@ def _triton_ok(x, rule, tile, mode, copy, backend) -> bool:
     return backend != "torch" and fits and TQ.available(x)
 
 
+# --- the rule, torch arithmetic (twins of the named functions of reference.recipes.nvfp4) ---
 def s_enc_params(g_amax: torch.Tensor, Tf: float, zero_amax: str = "one"):
-    """(S_enc, fl(1/S_enc), fl(S_enc * fl(1/6))) as the te rule computes them."""
+    """(S_enc, fl(1/S_enc), fl(S_enc * fl(1/6))): te_s_enc (zero_amax a ZeroAmax or its
+    string) and the two factors the TE order derives from it."""
     dev = g_amax.device
     one = E.f32_const(1.0, dev)         # cached constants: these scalar steps are launch-bound
     s_enc = E.tmin(E.f32_const(_fconst(Tf * 6), dev) / g_amax, FLT_MAX)
-    z = ((s_enc == 0) | (g_amax == 0)) if zero_amax == "one" else (s_enc == 0)
+    za = choose("zero_amax", zero_amax, ZeroAmax)
+    if za is ZeroAmax.ONE:
+        z = (s_enc == 0) | (g_amax == 0)
+    elif za is ZeroAmax.FLT_MAX:
+        z = s_enc == 0
+    else:
+        unreachable("zero_amax", za)
     s_enc = torch.where(z, one, s_enc)
-    sixth = E.const("1/6", dev, lambda: torch.reciprocal(torch.full((), 6.0, device=dev)))
-    return s_enc, one / s_enc, s_enc * sixth
+    return s_enc, one / s_enc, s_enc * _sixth(dev)
 
 
-def _two_level_triton(x, rule, Tf, amax):
-    """Fused path: (packed codes, scale codes, [mult, dec, S_enc, amax]).  bf16: two
-    launches for current scaling (torch max|x|; quantize, which computes s_enc_params
-    itself), one with amax; other dtypes: three (amax partials; amax and s_enc_params;
-    quantize), two with amax."""
-    return tq().two_level_1x16_amax(x, _amax_arg(x, amax), _fconst(Tf * 6),
-                                    rule.zero_amax == "one", rule.scale_fmt,
-                                    rule.zero_scale_to_one)
+def _sixth(dev) -> torch.Tensor:
+    """fl(1/6) on dev (cached)."""
+    return E.const("1/6", dev, lambda: torch.reciprocal(torch.full((), 6.0, device=dev)))
+
+
+def per_tensor_scale(rule, g_amax, Tf: float, given, dev):
+    """(ts, S_enc) as reference.recipes.nvfp4.per_tensor_scale."""
+    kind = rule.tensor_scale
+    if kind is TensorScale.TE:
+        s_enc, ts, _ = s_enc_params(g_amax, Tf, rule.zero_amax)
+        return ts, s_enc
+    if kind is TensorScale.TORCHAO:
+        ts = f32_scalar(given, dev, "tensor_scale") if given is not None else \
+            g_amax / torch.full((), 2688.0, device=dev)
+        return ts, None
+    if kind is TensorScale.NONE:
+        if given is not None:
+            raise ValueError("tensor_scale: this profile has no per-tensor scale")
+        return None, None
+    unreachable("tensor_scale", kind)
+
+
+def block_scale_f32(order, vmax, s_enc, ts) -> torch.Tensor:
+    """The NVFP4 block-scale rule (reference.recipes.nvfp4.block_scale_f32)."""
+    six = torch.full((), 6.0, dtype=torch.float32, device=vmax.device)
+    if order is BlockScale.TE_MUL:
+        return vmax * (s_enc * torch.reciprocal(six))
+    if order is BlockScale.DIV_FIRST:
+        return (vmax / six) * s_enc
+    if order is BlockScale.TORCHAO:
+        return (vmax / six) / ts
+    if order is BlockScale.SINGLE:
+        return vmax / six
+    unreachable("block_scale", order)
+
+
+def block_scale_code(s, rule):
+    """(codes, float32 values) of FP32 block scales (reference.recipes.nvfp4.block_scale_code)."""
+    sfmt = rule.scale_fmt
+    smax = float(get_format(sfmt).max_finite)
+    if rule.scale_lo is not None:
+        s = torch.clamp(s, min=float(rule.scale_lo), max=smax)
+    else:
+        s = torch.clamp(E.tmin(s, FLT_MAX), -smax, smax)
+    sc, sf = _scale_cast(s, sfmt)
+    if rule.zero_scale_to_one:
+        z = sf == 0
+        one_code = get_format(sfmt).encode_magnitude(Fraction(1))
+        sc = torch.where(z, torch.full_like(sc, one_code), sc)
+        sf = torch.where(z, torch.ones((), dtype=torch.float32, device=sf.device), sf)
+    return sc, sf
+
+
+def te_encode_factor(sfe, dec) -> torch.Tensor:
+    """EncodeRule.TE: min(fl(1 / fl(s * dec)), FLT_MAX)."""
+    return E.tmin(torch.ones((), dtype=torch.float32, device=sfe.device) / (sfe * dec), FLT_MAX)
+
+
+def encode_elements(enc, xb, sfe, ts) -> torch.Tensor:
+    """q before the clamp to +-6: x times the rule's element factor (or x / s, +0 where s
+    is 0, for DIVIDE); sfe the block scale values broadcast over the blocks xb."""
+    if enc is EncodeRule.TE:
+        return xb * te_encode_factor(sfe, ts)
+    one = torch.ones((), dtype=torch.float32, device=xb.device)
+    if enc is EncodeRule.TORCHAO2:
+        return xb * ((one / ts) / sfe)
+    if enc is EncodeRule.TORCHAO1:
+        return xb * (one / sfe)
+    if enc is EncodeRule.DIVIDE:
+        return torch.where(sfe == 0, torch.zeros_like(xb), xb / sfe)
+    unreachable("encode", enc)
+
+
+def _pre_round(q, pre):
+    if pre is None:
+        return q
+    if pre is PreRound.BFLOAT16:
+        return E.bf16_torch(q)
+    unreachable("pre_round", pre)
+
+
+# --- the fused (Triton) path -----------------------------------------------------------
+def _fused_args(profile, rule, target) -> tuple:
+    """The fused kernel's plan: (profile, c = fl(T * 6), zero_amax_one, scale_fmt,
+    zero_scale_to_one)."""
+    Tf = _target_f32(rule.target if target is None else target)
+    return (profile, _fconst(Tf * 6), rule.zero_amax is ZeroAmax.ONE, rule.scale_fmt,
+            rule.zero_scale_to_one)
+
+
+def _launch_fused(x, plan, amax):
+    """(packed codes, scale codes, [mult, dec, S_enc, amax]).  bf16: two launches for
+    current scaling (torch max|x|; quantize, which computes s_enc_params itself), one with
+    amax; other dtypes: three (amax partials; amax and s_enc_params; quantize), two with
+    amax."""
+    _, c, zero_amax_one, sfmt, zero_scale_one = plan
+    return tq().two_level_1x16_amax(x, _amax_arg(x, amax), c, zero_amax_one, sfmt,
+                                    zero_scale_one)
 
 
 def _amax_arg(x, amax):
@@ -201,11 +308,9 @@ def _quantize_triton(x, plan, amax) -> BlockScaledTensor:
     """The public fused path: one kernel (plus torch's max|x| for current scaling), no host
     sync; the codes stay packed as the kernel wrote them (unpacked on first ``.codes``),
     tensor_scale and meta are views of the kernel's par made on first access."""
-    profile, c, zero_amax_one, sfmt, zero_scale_one = plan
-    qp, sc, par = tq().two_level_1x16_amax(x, _amax_arg(x, amax), c, zero_amax_one, sfmt,
-                                           zero_scale_one)
+    qp, sc, par = _launch_fused(x, plan, amax)
     M, K = x.shape
-    return BlockScaledTensor._fused((M, K), qp, sc, sfmt, (1, 16), profile, par)
+    return BlockScaledTensor._fused((M, K), qp, sc, plan[3], (1, 16), plan[0], par)
 
 
 _PLANS: dict = {}
@@ -225,20 +330,24 @@ def _fused_plan(profile, rule, tile, mode, target, copy, backend):
                        rule)
 
 
-def _make_plan(profile, rule, tile, mode, target, copy, backend):
-    """The argument checks of ``quantize`` (same order), then the fused kernel's plan."""
-    check_choice("backend", backend, ("auto", "torch", "triton"))
+def _rule_of(profile, rule):
+    """(profile, rule): the given rule, else the NVFP4 profile's."""
     if rule is None:
         profile = check_choice("profile", profile, NVFP4_RULES)
         rule = NVFP4_RULES[profile]
-    check_choice("copy", copy, ("rowwise", "columnwise"))
+    return profile, rule
+
+
+def _make_plan(profile, rule, tile, mode, target, copy, backend):
+    """The argument checks of ``quantize`` (same order), then the fused kernel's plan."""
+    check_choice("backend", backend, BACKENDS)
+    profile, rule = _rule_of(profile, rule)
+    copy = choose("copy", copy, Copy)
     bm, bk = check_tile(tile, rule.tiles)
     mode = mode_arg(mode)
     if backend == "torch" or not _rule_fits(rule, (bm, bk), mode, copy):
         return None
-    Tf = _target_f32(rule.target if target is None else target)
-    return (profile, _fconst(Tf * 6), rule.zero_amax == "one", rule.scale_fmt,
-            rule.zero_scale_to_one)
+    return _fused_args(profile, rule, target)
 
 
 def quantize_packed(x: torch.Tensor, profile="te_nvfp4", *, amax=None, target=None,
@@ -247,13 +356,10 @@ def quantize_packed(x: torch.Tensor, profile="te_nvfp4", *, amax=None, target=No
     (packed codes uint8 [M, K/2] (low nibble first), scale codes uint8 [M, K/16],
     float32 [4] = [fl(S_enc * fl(1/6)), fl(1/S_enc) (the tensor scale), S_enc, amax]).
     amax None: current scaling.  No host sync; same bits as ``quantize``."""
-    if rule is None:
-        profile = check_choice("profile", profile, NVFP4_RULES)
-        rule = NVFP4_RULES[profile]
+    profile, rule = _rule_of(profile, rule)
     check_input(x)
     _triton_ok(x, rule, (1, 16), Mode.RNE, "rowwise", "triton")   # raises where it does not apply
-    return _two_level_triton(x, rule, _target_f32(rule.target if target is None else target),
-                             amax)
+    return _launch_fused(x, _fused_args(profile, rule, target), amax)
 
 
 def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, tensor_scale=None,
@@ -265,12 +371,10 @@ def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, te
         plan = _fused_plan(profile, rule, tile, mode, target, copy, backend)
         if plan is not None and _fused_input(x):
             return _quantize_triton(x, plan, amax)
-    check_choice("backend", backend, ("auto", "torch", "triton"))
-    if rule is None:
-        profile = check_choice("profile", profile, NVFP4_RULES)
-        rule = NVFP4_RULES[profile]
+    check_choice("backend", backend, BACKENDS)
+    profile, rule = _rule_of(profile, rule)
     check_input(x)
-    check_choice("copy", copy, ("rowwise", "columnwise"))
+    copy = choose("copy", copy, Copy)
     bm, bk = check_tile(tile, rule.tiles)
     mode = mode_arg(mode)
     if mode not in (Mode.RNE, Mode.SR):
@@ -278,103 +382,69 @@ def quantize(x: torch.Tensor, profile="te_nvfp4", *, tile=(1, 16), amax=None, te
     if _triton_ok(x, rule, (bm, bk), mode, copy, backend):
         # before any torch op on x: the fused kernel reads x itself (no float32 copy)
         check_rbits(rbits, nbits, tuple(x.shape), False, mode.name)
-        Tf = _target_f32(rule.target if target is None else target)
-        return _quantize_triton(x, (profile, _fconst(Tf * 6), rule.zero_amax == "one",
-                                    rule.scale_fmt, rule.zero_scale_to_one), amax)
-    dev = x.device
-    xf = x.to(torch.float32)
-    if copy == "columnwise":
-        xf = rht16(x.t().contiguous(), accum=rule.rht_accum) if rule.rht_columnwise \
-            else xf.t().contiguous()
+        return _quantize_triton(x, _fused_args(profile, rule, target), amax)
+    xf = _operand(x, rule, copy)
     rows, cols = xf.shape
-    if rule.pad == "raise" and (rows % bm or cols % bk):
+    if rule.pad is Pad.RAISE and (rows % bm or cols % bk):
         raise ValueError(f"x: shape {rows}x{cols} is not a multiple of the {bm}x{bk} block; "
                          f"profile {profile} does not pad (valid: multiples of {bm}x{bk})")
     rb = check_rbits(rbits, nbits, (rows, cols), mode is Mode.SR, mode.name)
     Tf = _target_f32(rule.target if target is None else target)
+    return _quantize_torch(xf, rule, profile, (bm, bk), amax, tensor_scale, Tf, mode, rb,
+                           nbits if mode is Mode.SR else None)
+
+
+def _operand(x, rule, copy: Copy) -> torch.Tensor:
+    """x as float32, blocks along its rows: x, or x.T (RHT16 first if the rule says)."""
+    if copy is Copy.COLUMNWISE:
+        if rule.rht_columnwise:
+            return rht16(x.t().contiguous(), accum=rule.rht_accum)
+        return x.to(torch.float32).t().contiguous()
+    return x.to(torch.float32)
+
+
+def _quantize_torch(xf, rule, profile, tile, amax, given_ts, Tf, mode, rb, nbits):
+    """The torch path on the float32 operand xf: the same FP32 steps as the reference."""
+    (bm, bk), (rows, cols), dev = tile, xf.shape, xf.device
     xp = pad2d(xf, bm, bk)
     R, C = xp.shape
     if rb is not None:
         rb = pad2d(rb.to(torch.int64), bm, bk)
     g_amax = f32_scalar(amax, dev, "amax") if amax is not None else \
         E.canon_nan(torch.amax(torch.abs(xp)) if xp.numel() else torch.zeros((), device=dev))
-    one = torch.ones((), dtype=torch.float32, device=dev)
-    six = torch.full((), 6.0, dtype=torch.float32, device=dev)
-    meta = {"amax": g_amax}
-    ts = s_enc = None
-    if rule.tensor_scale == "te":
-        s_enc, ts, _ = s_enc_params(g_amax, Tf, rule.zero_amax)
-        meta["s_enc"] = s_enc
-    elif rule.tensor_scale == "torchao":
-        ts = f32_scalar(tensor_scale, dev, "tensor_scale") if tensor_scale is not None else \
-            g_amax / torch.full((), 2688.0, device=dev)
-    elif tensor_scale is not None:
-        raise ValueError("tensor_scale: this profile has no per-tensor scale")
-    sfmt = rule.scale_fmt
-    smax = float(get_format(sfmt).max_finite)
+    ts, s_enc = per_tensor_scale(rule, g_amax, Tf, given_ts, dev)
+    meta = {"amax": g_amax} if s_enc is None else {"amax": g_amax, "s_enc": s_enc}
     xb = _blocks(xp, bm, bk)
     vmax = _amax(xb, (1, 3)) if xp.numel() else torch.zeros((R // bm, C // bk), device=dev)
-    if rule.four_over_six:
-        codes, sc = _four_over_six(xb, vmax, rule, g_amax, Tf)
+    if rule.four_over_six is not None:
+        codes, sc = _four_over_six(xb, vmax, rule, g_amax, Tf, s_enc, ts)
     else:
-        if rule.block_scale == "te_mul":
-            s = vmax * (s_enc * torch.reciprocal(six))
-        elif rule.block_scale == "div_first":
-            s = (vmax / six) * s_enc
-        elif rule.block_scale == "torchao":
-            s = (vmax / six) / ts
-        else:
-            s = vmax / six
-        if rule.scale_lo is not None:
-            s = torch.clamp(s, min=float(rule.scale_lo), max=smax)
-        else:
-            s = torch.clamp(E.tmin(s, FLT_MAX), -smax, smax)
-        sc, sf = _scale_cast(s, sfmt)
-        if rule.zero_scale_to_one:
-            z = sf == 0
-            one_code = get_format(sfmt).encode_magnitude(Fraction(1))
-            sc = torch.where(z, torch.full_like(sc, one_code), sc)
-            sf = torch.where(z, one, sf)
-        sfe = sf[:, None, :, None]
-        if rule.encode == "te":
-            mult = E.tmin(one / (sfe * ts), FLT_MAX)
-            q = xb * mult
-        elif rule.encode == "torchao2":
-            q = xb * ((one / ts) / sfe)
-        elif rule.encode == "torchao1":
-            q = xb * (one / sfe)
-        else:
-            q = torch.where(sfe == 0, torch.zeros_like(xb), xb / sfe)
-        q = torch.clamp(q, -6.0, 6.0).reshape(R, C)
-        if rule.pre_round == "bfloat16":
-            q = E.bf16_torch(q)
-        codes = _elem(q, rule, mode, rb, nbits if mode is Mode.SR else None)
-    return BlockScaledTensor((rows, cols), codes[:rows, :cols].contiguous(), "float4_e2m1fn",
-                             sc.contiguous(), sfmt, (bm, bk),
+        sc, sf = block_scale_code(block_scale_f32(rule.block_scale, vmax, s_enc, ts), rule)
+        q = encode_elements(rule.encode, xb, sf[:, None, :, None], ts)
+        q = _pre_round(torch.clamp(q, -6.0, 6.0).reshape(R, C), rule.pre_round)
+        codes = _elem(q, rule, mode, rb, nbits)
+    return BlockScaledTensor((rows, cols), codes[:rows, :cols].contiguous(), E2M1,
+                             sc.contiguous(), rule.scale_fmt, (bm, bk),
                              None if ts is None else ts.reshape(1, 1), None, profile, meta)
 
 
-def _four_over_six(xb, vmax, rule, g_amax, Tf):
+def _four_over_six(xb, vmax, rule, g_amax, Tf, s_enc, dec):
+    """reference.recipes.nvfp4.four_over_six, op for op, on all blocks at once."""
     dev = xb.device
     nbr, bm, nbc, bk = xb.shape
-    six = torch.full((), 6.0, device=dev)
-    s_enc = E.tmin(torch.full((), _fconst(Tf * 6), device=dev) / g_amax, FLT_MAX)
-    s_enc = torch.where(s_enc == 0, torch.ones_like(s_enc), s_enc)
-    dec = torch.ones_like(s_enc) / s_enc  # (python float / tensor is reciprocal * float)
     denom = torch.full((), _fconst(Tf * 6), device=dev)
-    base = (vmax / six) * s_enc
-    lut = cast.dequantize(torch.arange(16, dtype=torch.uint8, device=dev), "float4_e2m1fn")
+    base = block_scale_f32(rule.block_scale, vmax, s_enc, dec)
+    lut = cast.dequantize(torch.arange(16, dtype=torch.uint8, device=dev), E2M1)
     cands = []
     for s in (base * 1.5, base):
         s8 = torch.clamp(s, -448.0, 448.0).to(torch.float8_e4m3fn)
         sf = s8.to(torch.float32)
         sfe = sf[:, None, :, None]
-        enc = E.tmin(torch.ones_like(sfe) / (sfe * dec), FLT_MAX)
-        q = E.te_ref_fp4(torch.clamp(xb * enc, -6.0, 6.0))
+        q = E.te_ref_fp4(torch.clamp(xb * te_encode_factor(sfe, dec), -6.0, 6.0))
         v = lut[q.to(torch.int64)]
         val = ((v * sfe) * g_amax) / denom
         d = val - xb
-        t = d.abs() if rule.four_over_six == "mae" else d * d
+        t = _four_six_error(d, rule.four_over_six)
         err = torch.zeros(t.shape[:3], device=dev)
         for j in range(bk):
             err = err + t[..., j]
@@ -387,3 +457,11 @@ def _four_over_six(xb, vmax, rule, g_amax, Tf):
     sc = torch.where(pick, c4, c6)
     q = torch.where(pick[:, None, :, None], q4, q6)
     return q.reshape(nbr * bm, nbc * bk), sc
+
+
+def _four_six_error(d, kind):
+    if kind is FourOverSix.MAE:
+        return d.abs()
+    if kind is FourOverSix.MSE:
+        return d * d
+    unreachable("four_over_six", kind)

@@ -18,8 +18,12 @@ path by tests marked ``gpu`` (tests/test_recipes_triton.py).
 from __future__ import annotations
 
 import os
+from fractions import Fraction
+from typing import NamedTuple
 
 import torch
+
+from reference.formats import get_format
 
 try:  # triton is optional (GPU machines)
     import triton
@@ -641,13 +645,28 @@ def _run_flat(kernel, key, args, setup):
     kernel[hit[0]](*args, **hit[1])
 
 
-_SCALE = {  # mbits, bias, max code, NaN code, IEEE specials, max value, code of 1.0
-    "ue4m3": (3, 7, 0x7E, 0x7F, False, 448.0, 0x38),
-    "ue5m3": (3, 15, 0xF7, 0xFC, True, 61440.0, 0x78),
-}
+class ScaleConsts(NamedTuple):
+    """A block-scale format as the two-level kernels take it (constexpr arguments)."""
+    mbits: int          # mantissa bits
+    bias: int           # exponent bias
+    max_code: int       # code of the largest finite magnitude
+    nan_code: int       # code of NaN
+    ieee: bool          # IEEE specials (an inf code below the NaN codes)
+    max_value: float    # largest finite value
+    one_code: int       # code of 1.0
 
 
-def _scale_consts(scale_fmt: str):
+def _scale_consts_of(name: str) -> ScaleConsts:
+    spec = get_format(name)
+    return ScaleConsts(spec.man_bits, spec.bias, spec.max_code_magnitude, spec.nan_code,
+                       spec.has_inf, float(spec.max_finite), spec.encode_magnitude(Fraction(1)))
+
+
+# the scale formats the fused two-level kernels implement, read from reference.formats
+_SCALE = {name: _scale_consts_of(name) for name in ("ue4m3", "ue5m3")}
+
+
+def _scale_consts(scale_fmt: str) -> ScaleConsts:
     if scale_fmt not in _SCALE:
         raise ValueError(f"scale_fmt: unknown value {scale_fmt!r}; valid choices: "
                          + ", ".join(_SCALE))

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..errors import check_choice
 from ..exact import Exact, exact
 from ..formats import get_format
 from ..rounding import Mode, Policy, encode, parse_mode
 from . import f32 as F
+from .rules import ElemCast, ElemNan, choose, unreachable
 
 __all__ = ["ELEM_CASTS", "cast_elem", "torchao_floatx_code", "te_ref_fp4_code"]
 
@@ -37,12 +37,18 @@ def rne_signed(v: Exact, fmt, mode=Mode.RNE, *, rbits=None, nbits=None, nan="max
     .satfinite for e2m1x2; unverified here), "zero" (+0) or "nan" (format's NaN)."""
     spec = get_format(fmt)
     if v.is_nan:
-        if nan == "nan" and spec.has_nan:
-            return spec.nan_code
-        if nan == "zero":
-            return 0
-        return spec.max_code_magnitude
+        return _nan_code(spec, choose("nan", nan, ElemNan))
     return _finite_code(v, fmt, mode, rbits, nbits)
+
+
+def _nan_code(spec, nan: ElemNan) -> int:
+    if nan is ElemNan.NAN:   # +max in a format without NaN
+        return spec.nan_code if spec.has_nan else spec.max_code_magnitude
+    if nan is ElemNan.ZERO:
+        return 0
+    if nan is ElemNan.MAX:
+        return spec.max_code_magnitude
+    unreachable("nan", nan)
 
 
 def torch_fp8_code(v: Exact, fmt) -> int:
@@ -124,18 +130,21 @@ def te_ref_fp4_code(v: Exact) -> int:
     return 15
 
 
-ELEM_CASTS = ("rne", "te_ref", "torchao", "torch")
+# the element casts ``cast_elem`` applies (PYTORCH_TEST is MX's, in mx.py)
+ELEM_CASTS = (ElemCast.RNE, ElemCast.TE_REF, ElemCast.TORCHAO, ElemCast.TORCH)
 
 
 def cast_elem(v: Exact, fmt, how: str, mode=Mode.RNE, *, rbits=None, nbits=None,
               nan="max") -> int:
-    """One element to a code by the named cast rule."""
-    check_choice("elem_cast", how, ELEM_CASTS)
+    """One element to a code by the named cast rule (any rule rounds SR when mode is SR)."""
+    how = choose("elem_cast", how, ElemCast, ELEM_CASTS)
     mode = parse_mode(mode)
-    if how == "rne" or mode is not Mode.RNE:
+    if how is ElemCast.RNE or mode is not Mode.RNE:
         return rne_signed(v, fmt, mode, rbits=rbits, nbits=nbits, nan=nan)
-    if how == "te_ref":
+    if how is ElemCast.TE_REF:
         return te_ref_fp4_code(v)
-    if how == "torchao":
+    if how is ElemCast.TORCHAO:
         return torchao_floatx_code(v, fmt)
-    return torch_fp8_code(v, fmt)
+    if how is ElemCast.TORCH:
+        return torch_fp8_code(v, fmt)
+    unreachable("elem_cast", how)

@@ -19,6 +19,8 @@ from ..blocked import BlockScaled
 from . import f32 as F
 from .common import amax as _amax, as_matrix, check_positive_int, matrix_of_ints, transpose
 from .elem import rne_signed, torch_fp8_code, torchao_floatx_code
+from .rules import (BlockSpecials, Copy, DataPath, ElemCast, Log2Rule, ScaleMode, choose,
+                    unreachable)
 
 __all__ = ["MXRule", "MX_RULES", "MX_ELEM_FORMATS", "quantize", "shared_exponent",
            "ceil_rn_log2_f32", "E8M0_NAN"]
@@ -26,35 +28,50 @@ __all__ = ["MXRule", "MX_RULES", "MX_ELEM_FORMATS", "quantize", "shared_exponent
 E8M0_NAN = 0xFF
 MX_ELEM_FORMATS = ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn", "float8_e4m3fn",
                    "float8_e5m2")
-SCALE_MODES = ("floor", "ceil", "even", "rceil")
+SCALE_MODES = tuple(ScaleMode)
+# the element casts an MX rule may name
+MX_ELEM_CASTS = (ElemCast.RNE, ElemCast.TORCHAO, ElemCast.PYTORCH_TEST)
 
 
 @dataclass(frozen=True)
 class MXRule:
     """One exact MX rule.
 
-    scale_mode  floor: floor(log2 amax) - emax_elem;  ceil: ceil(log2 amax) - emax_elem;
-                even: amax rounded to the element's mantissa width (ties away) first, then
-                floor;  rceil: ceil(log2(fl(amax / elem_max))) (cuBLAS / TE / torchao RCEIL)
-    data_path   "exact": q = round(x / 2**e), saturated (sign of zero kept);
-                "torchao": torchao 0.18 arithmetic (FLOOR/CEIL/EVEN: fl(x / max(2**e, 2**-126))
+    scale_mode  FLOOR: floor(log2 amax) - emax_elem;  CEIL: ceil(log2 amax) - emax_elem;
+                EVEN: amax rounded to the element's mantissa width (ties away) first, then
+                floor;  RCEIL: ceil(log2(fl(amax / elem_max))) (cuBLAS / TE / torchao RCEIL)
+    data_path   EXACT: q = round(x / 2**e), saturated (sign of zero kept);
+                TORCHAO: torchao 0.18 arithmetic (FLOOR/CEIL/EVEN: fl(x / max(2**e, 2**-126))
                 with the scale built from bits; RCEIL: fl(x * rcp) with rcp = 1 at code 0,
-                2**-127 at code 254, NaN at code 255); "pytorch_test": torch's
+                2**-127 at code 254, NaN at code 255); PYTORCH_TEST: torch's
                 ``common_quantized.to_mxfp`` (RCEIL; rcp = 1 at code 0, 2**(127-code) else)
-    log2        rceil only: "exact" binade, or "torch_f32" = ceil(RN_f32(log2 d)) as
+    log2        RCEIL only: EXACT binade, or TORCH_F32 = ceil(RN_f32(log2 d)) as
                 ``torch.log2`` computes it (upstream float log2: a descale just above 2**k
                 can give 2**k, i.e. clamped elements)
-    elem_cast   "rne": exact rounding (``rounding``); "torchao": torchao bit trick for
-                float4/6, torch cast for float8; "pytorch_test": bf16 first, then as torchao
-    specials    "nan_scale": a NaN or Inf in the block gives scale 0xFF and element codes
-                NaN (float8) / +0 (float4/6);  "upstream": whatever ``data_path`` computes
+    elem_cast   RNE: exact rounding (``rounding``); TORCHAO: torchao bit trick for
+                float4/6, torch cast for float8; PYTORCH_TEST: bf16 first, then as torchao
+                (read by the upstream data paths only: EXACT always rounds exactly)
+    specials    NAN_SCALE: a NaN or Inf in the block gives scale 0xFF and element codes
+                NaN (float8) / +0 (float4/6);  UPSTREAM: whatever ``data_path`` computes
+    block       elements per scale (an integer >= 1)
+
+    Every field is checked at construction (strings are taken for the enum fields).
     """
-    scale_mode: str = "floor"
-    data_path: str = "exact"
-    log2: str = "exact"
-    elem_cast: str = "rne"
-    specials: str = "nan_scale"
+    scale_mode: ScaleMode = ScaleMode.FLOOR
+    data_path: DataPath = DataPath.EXACT
+    log2: Log2Rule = Log2Rule.EXACT
+    elem_cast: ElemCast = ElemCast.RNE
+    specials: BlockSpecials = BlockSpecials.NAN_SCALE
     block: int = 32
+
+    def __post_init__(self):
+        put = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen)
+        put("scale_mode", choose("scale_mode", self.scale_mode, ScaleMode))
+        put("data_path", choose("data_path", self.data_path, DataPath))
+        put("log2", choose("log2", self.log2, Log2Rule))
+        put("elem_cast", choose("elem_cast", self.elem_cast, ElemCast, MX_ELEM_CASTS))
+        put("specials", choose("specials", self.specials, BlockSpecials))
+        check_positive_int("block", self.block)
 
 
 def ceil_log2(a: Fraction) -> int:
@@ -99,41 +116,54 @@ def ceil_rn_log2_f32(d: Fraction) -> int:
     return k if _below2(m, 1 - gap_e) else k + 1
 
 
+def _ceil_log2_rule(d: Fraction, log2: Log2Rule) -> int:
+    """ceil(log2 d) of a descale d > 0: exact, or as torch.log2 in float32 computes it."""
+    if log2 is Log2Rule.EXACT:
+        return ceil_log2(d)
+    if log2 is Log2Rule.TORCH_F32:
+        return ceil_rn_log2_f32(d)
+    unreachable("log2", log2)
+
+
 def shared_exponent(amax: Exact, elem_fmt: str, scale_mode: str, log2: str = "exact") -> int:
     """Unbiased, clamped shared exponent of a finite amax (exact rules)."""
+    scale_mode = choose("scale_mode", scale_mode, ScaleMode)
+    log2 = choose("log2", log2, Log2Rule)
     spec = get_format(elem_fmt)
     emax = spec.emax
     if amax.mag == 0:
         return -127
     a = amax.mag
-    if scale_mode == "floor":
+    if scale_mode is ScaleMode.FLOOR:
         e = floor_log2(a) - emax
-    elif scale_mode == "ceil":
+    elif scale_mode is ScaleMode.CEIL:
         e = ceil_log2(a) - emax
-    elif scale_mode == "even":
+    elif scale_mode is ScaleMode.EVEN:
         q = F.rnd(exact(a), "float32", Mode.RNE)  # already float32
         e0 = floor_log2(q.mag)
         step = pow2(e0 - spec.man_bits)
         n, r = divmod(q.mag, step)
         ar = (n + (1 if 2 * r >= step else 0)) * step
         e = floor_log2(ar) - emax
-    else:
+    elif scale_mode is ScaleMode.RCEIL:
         d = F.div(amax, exact(spec.max_finite))
-        if d.mag == 0:
-            e = -127
-        else:
-            e = ceil_rn_log2_f32(d.mag) if log2 == "torch_f32" else ceil_log2(d.mag)
+        e = -127 if d.mag == 0 else _ceil_log2_rule(d.mag, log2)
+    else:
+        unreachable("scale_mode", scale_mode)
     return max(-127, min(127, e))
 
 
-def _elem_code(v: Exact, fmt: str, how: str, mode: Mode, rb=None, nbits=None) -> int:
+def _elem_code(v: Exact, fmt: str, how: ElemCast, mode: Mode, rb=None, nbits=None) -> int:
     spec = get_format(fmt)
-    if how == "rne" or mode is not Mode.RNE:
+    if how is ElemCast.RNE or mode is not Mode.RNE:
         return rne_signed(v, fmt, mode, rbits=rb, nbits=nbits, nan="nan" if spec.has_nan else "zero")
-    if how == "pytorch_test" and spec.nbits == 4:
-        v = F.bf16(v)
-        if v.is_nan:
-            v = F.nan(True, 0x7F0000)  # torch's vectorized float->bf16 makes NaN 0xFFFF
+    if how is ElemCast.PYTORCH_TEST:
+        if spec.nbits == 4:
+            v = F.bf16(v)
+            if v.is_nan:
+                v = F.nan(True, 0x7F0000)  # torch's vectorized float->bf16 makes NaN 0xFFFF
+    elif how is not ElemCast.TORCHAO:
+        unreachable("elem_cast", how)
     if spec.nbits == 8:
         return torch_fp8_code(v, fmt)
     return torchao_floatx_code(v, fmt)
@@ -145,10 +175,10 @@ def _torchao_floor_family(vals, amax_v, spec, rule):
     emax = spec.emax
     isnan = amax_v.is_nan
     b = F.bits(amax_v) if not isnan else 0x7FC00000
-    if rule.scale_mode == "even" and not isnan:
+    if rule.scale_mode is ScaleMode.EVEN and not isnan:
         b = (b + (1 << (23 - mbits - 1))) & 0xFF800000
     extracted = ((b >> 23) & 0xFF) - 127
-    if rule.scale_mode == "ceil":
+    if rule.scale_mode is ScaleMode.CEIL:
         extracted += 1 if (b & 0x7FFFFF) > 0 else 0
     unb = max(-127, min(128, extracted - emax))
     code = 255 if isnan else unb + 127
@@ -161,33 +191,56 @@ def _torchao_floor_family(vals, amax_v, spec, rule):
     return code, data
 
 
+def _rceil_rcp(code: int, d: Exact, data_path: DataPath) -> Exact:
+    """The reciprocal scale an upstream RCEIL path multiplies by (2**(127-code) mostly)."""
+    if data_path is DataPath.TORCHAO:
+        if code == 255:
+            return d
+        if code == 254:
+            return exact(pow2(-127))
+        return F.ONE if code == 0 else exact(pow2(127 - code))
+    if data_path is DataPath.PYTORCH_TEST:
+        return F.ONE if code == 0 else exact(pow2(127 - code))
+    unreachable("data_path", data_path)
+
+
 def _torchao_rceil(vals, amax_v, spec, rule):
     mx = exact(spec.max_finite)
     d = F.div(amax_v, mx)
     if d.is_nan:
         code = 255
-    elif d.is_inf and rule.data_path == "torchao":
-        code = 254
-    elif d.is_inf:  # pytorch_test: ceil(log2(inf)) = inf, clamped to 127
+    elif d.is_inf:  # torchao: 254; pytorch_test: ceil(log2(inf)) = inf, clamped to 127
         code = 254
     elif d.mag == 0:
         code = 0
     else:
-        e = ceil_rn_log2_f32(d.mag) if rule.log2 == "torch_f32" else ceil_log2(d.mag)
-        code = max(-127, min(127, e)) + 127
-    if rule.data_path == "torchao":
-        if code == 255:
-            rcp = d
-        elif code == 254:
-            rcp = exact(pow2(-127))
-        elif code == 0:
-            rcp = F.ONE
-        else:
-            rcp = exact(pow2(127 - code))
-    else:
-        rcp = F.ONE if code == 0 else exact(pow2(127 - code))
+        code = max(-127, min(127, _ceil_log2_rule(d.mag, rule.log2))) + 127
+    rcp = _rceil_rcp(code, d, rule.data_path)
     data = [F.clamp(F.mul(v, rcp), -mx, mx) for v in vals]
     return code, data
+
+
+def _upstream_block(vals, amax_v, spec, rule):
+    """(scale code, FP32 data) of one block by an upstream data path."""
+    if rule.scale_mode is ScaleMode.RCEIL:
+        return _torchao_rceil(vals, amax_v, spec, rule)
+    if rule.scale_mode in (ScaleMode.FLOOR, ScaleMode.CEIL, ScaleMode.EVEN):
+        return _torchao_floor_family(vals, amax_v, spec, rule)
+    unreachable("scale_mode", rule.scale_mode)
+
+
+def _exact_block(vals, amax_v, spec, rule, elem_fmt, mode, rbs, nbits):
+    """(scale code, element codes) of one block by the exact data path."""
+    special = any(v.is_nan or v.is_inf for v in vals)
+    if special and rule.specials is BlockSpecials.NAN_SCALE:
+        return E8M0_NAN, [spec.nan_code if spec.has_nan else 0] * len(vals)
+    e = shared_exponent(amax_v, elem_fmt, rule.scale_mode, rule.log2)
+    codes = []
+    for j, v in enumerate(vals):
+        q = v if not v.is_finite else Exact(Kind.FINITE, v.negative, v.mag / pow2(e))
+        kw = dict(rb=rbs[j], nbits=nbits) if mode is Mode.SR else {}
+        codes.append(_elem_code(q, elem_fmt, ElemCast.RNE, mode, **kw))
+    return e + 127, codes
 
 
 def quantize(x, rule: MXRule, elem_fmt: str = "float4_e2m1fn", *, profile: str = "",
@@ -195,12 +248,12 @@ def quantize(x, rule: MXRule, elem_fmt: str = "float4_e2m1fn", *, profile: str =
     """MX-quantize a 2D input along rows (blocks of ``rule.block``); the last dimension
     must be a multiple of the block (no MX profile pads)."""
     check_choice("elem_fmt", elem_fmt, MX_ELEM_FORMATS)
-    check_choice("copy", copy, ("rowwise", "columnwise"))
+    copy = choose("copy", copy, Copy)
     mode = parse_mode(mode)
     spec = get_format(elem_fmt)
     B = check_positive_int("block", rule.block)
     m = as_matrix(x)
-    if copy == "columnwise":
+    if copy is Copy.COLUMNWISE:
         m = transpose(m)
     rows = len(m)
     cols = len(m[0]) if rows else 0
@@ -218,29 +271,16 @@ def quantize(x, rule: MXRule, elem_fmt: str = "float4_e2m1fn", *, profile: str =
     for r in range(rows):
         for bc in range(cols // B):
             vals = m[r][bc * B:(bc + 1) * B]
-            a = _amax(vals)
-            special = any(v.is_nan or v.is_inf for v in vals)
-            if rule.data_path == "exact":
-                if special and rule.specials == "nan_scale":
-                    scodes[r][bc] = E8M0_NAN
-                    for j in range(B):
-                        codes[r][bc * B + j] = spec.nan_code if spec.has_nan else 0
-                    continue
-                e = shared_exponent(a, elem_fmt, rule.scale_mode, rule.log2)
-                scodes[r][bc] = e + 127
-                for j, v in enumerate(vals):
-                    q = v if not v.is_finite else Exact(Kind.FINITE, v.negative, v.mag / pow2(e))
-                    kw = dict(rb=rb[r][bc * B + j], nbits=nbits) if mode is Mode.SR else {}
-                    codes[r][bc * B + j] = _elem_code(q, elem_fmt, "rne", mode, **kw)
-                continue
-            if rule.scale_mode == "rceil":
-                code, data = _torchao_rceil(vals, a, spec, rule)
+            rbs = rb[r][bc * B:(bc + 1) * B] if mode is Mode.SR else None
+            if rule.data_path is DataPath.EXACT:
+                sc, cs = _exact_block(vals, _amax(vals), spec, rule, elem_fmt, mode, rbs, nbits)
             else:
-                code, data = _torchao_floor_family(vals, a, spec, rule)
-            scodes[r][bc] = code
-            for j, d in enumerate(data):
-                kw = dict(rb=rb[r][bc * B + j], nbits=nbits) if mode is Mode.SR else {}
-                codes[r][bc * B + j] = _elem_code(d, elem_fmt, rule.elem_cast, mode, **kw)
+                sc, data = _upstream_block(vals, _amax(vals), spec, rule)
+                cs = [_elem_code(d, elem_fmt, rule.elem_cast, mode,
+                                 **(dict(rb=rbs[j], nbits=nbits) if mode is Mode.SR else {}))
+                      for j, d in enumerate(data)]
+            scodes[r][bc] = sc
+            codes[r][bc * B:(bc + 1) * B] = cs
     return BlockScaled(shape=(rows, cols), codes=tuple(map(tuple, codes)), elem_fmt=elem_fmt,
                        scale_codes=tuple(map(tuple, scodes)), scale_fmt="float8_e8m0fnu",
                        block=(1, B), profile=profile)
@@ -249,9 +289,9 @@ def quantize(x, rule: MXRule, elem_fmt: str = "float4_e2m1fn", *, profile: str =
 _OCP = MXRule()
 MX_RULES = {
     "ocp_mx_floor": _OCP,
-    "ocp_mx_ceil": replace(_OCP, scale_mode="ceil"),
-    "ocp_mx_even": replace(_OCP, scale_mode="even"),
-    "ocp_mx_rceil": replace(_OCP, scale_mode="rceil"),
+    "ocp_mx_ceil": replace(_OCP, scale_mode=ScaleMode.CEIL),
+    "ocp_mx_even": replace(_OCP, scale_mode=ScaleMode.EVEN),
+    "ocp_mx_rceil": replace(_OCP, scale_mode=ScaleMode.RCEIL),
     "torchao_mx_floor": MXRule("floor", "torchao", "exact", "torchao", "upstream"),
     "torchao_mx_ceil": MXRule("ceil", "torchao", "exact", "torchao", "upstream"),
     "torchao_mx_even": MXRule("even", "torchao", "exact", "torchao", "upstream"),

@@ -17,14 +17,15 @@ from ..formats import get_format
 from ..rounding import Mode
 from .common import check_target
 from .nvfp4 import TwoLevelRule, quantize as _quantize
+from .rules import BlockScale, ElemCast, ElemNan, EncodeRule, TensorScale, ZeroAmax
 
 __all__ = ["UE5M3_RULE", "UE5M3Recipe", "RangeBound", "range_bound", "check_target",
            "OPERANDS"]
 
-UE5M3_RULE = TwoLevelRule(scale_fmt="ue5m3", target=Fraction(448), tensor_scale="te",
-                          zero_amax="one", block_scale="te_mul", zero_scale_to_one=True,
-                          encode="te", elem_cast="rne", elem_nan="max",
-                          tiles=((1, 16), (1, 32), (16, 16)))
+UE5M3_RULE = TwoLevelRule(scale_fmt="ue5m3", target=Fraction(448), tensor_scale=TensorScale.TE,
+                          zero_amax=ZeroAmax.ONE, block_scale=BlockScale.TE_MUL,
+                          zero_scale_to_one=True, encode=EncodeRule.TE, elem_cast=ElemCast.RNE,
+                          elem_nan=ElemNan.MAX, tiles=((1, 16), (1, 32), (16, 16)))
 
 # operand roles of one linear: activation x, weight w, upstream gradient dy
 OPERANDS = ("x", "w", "dy")

@@ -11,8 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from reports.schema import (mismatch_record, probe_record, scan_record, validation_record,  # noqa: E402
-                            write_json_atomic)
+from probes.recorder import mismatch_record, validation_record  # noqa: E402
+from fp4ref.harness.io import write_json_atomic  # noqa: E402
+from reports.records import probe_record, scan_record  # noqa: E402
 
 
 def f32(x: float) -> int:

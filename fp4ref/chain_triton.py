@@ -1,0 +1,706 @@
+"""Triton fast path of the emulated Blackwell ``kind::mxf4nvf4`` chain (issue 17, item 3).
+
+    y = chain_mm(a, bt, scale_a, scale_bt, scale_format="ue4m3", block=16,
+                 alpha=None, out_dtype=torch.float32)
+
+computes ``fp4ref.scaled_mm(..., model="blackwell-mxf4nvf4")`` bit for bit on CUDA:
+kind::mxf4nvf4 instructions of K = 64 chained along K from C = +0, then alpha (one FP32
+RNE product) and out_dtype (RNE, NaN canonical).  ``a`` [M, K/2] and ``bt`` [N, K/2] are
+packed e2m1 bytes (low nibble first; [M, K] / [N, K] one code per byte also accepted),
+``scale_a`` [M, K/block] and ``scale_bt`` [N, K/block] raw scale bytes (row-major, not
+swizzled).  ``fp4ref.scaled_mm`` and ``fp4ref.scaled_gemm.mxf4nvf4_chain`` call it on CUDA.
+
+The model, per output (i, j) and instruction (docs/mma.md): C and the four group terms
+T_g = S_g * sa_g * sb_g (S_g the exact sum of 16 e2m1 products) are aligned at
+E = max(exp C, max_g es_g), es_g = exp(sa_g) + exp(sb_g) (C = 0 counts as 2^-126), each
+truncated toward zero to a multiple of q = 2^(E - 35), summed exactly, and rounded toward
+zero to FP32 (|sum| >= 2^128: Inf).  Any NaN scale of row i or column j: NaN.
+
+How each step stays exact:
+
+* Prepass (``_prep_kernel``, one launch per operand): A' = a * s_a (e2m1 value times its
+  scale: <= 6 significant bits, exact in bf16; ue8m0 scales only where |exp| <= 48), the
+  four group exponents of each row and instruction (one int32 word), and per block of 64
+  rows and instruction the largest ||a'||^2 and the smallest / largest scale exponent.  A
+  NaN scale decodes as 1 (exponent 0) and marks its row: the output there is NaN.
+* ``_plan_kernel`` checks FAST's conditions for every (64 x 64 block, instruction) from those
+  statistics alone: all products are multiples of 2^L (L = min es - 8) and Cauchy-Schwarz
+  bounds every partial sum of the dot below 2^(L+23), so a tensor-core dot over K = 64 of
+  A' and B' is the exact sum D of the four group terms (the H200's W25-truncating fused
+  add loses no bit of such values); the exponent spread (<= 27) and a running bound on |C|
+  exclude the truncation of any group term; no value leaves FP32's normal range.
+* ``_fast_kernel`` (BM x BN tiles, every block FAST-planned): per instruction one dot, then
+  RZ(C + D), one FP32 add rounded toward zero (PTX add.rz.f32; an exact TwoSum emulation in
+  the interpreter).  C itself needs no cut while it is a multiple of the tile's largest
+  q = 2^(max es - 35): true while the running minimum of (min es - 8) over the instructions
+  so far (every product is a multiple of 2^(es - 8); cutting to power-of-two steps keeps
+  that) is >= max es - 35, a scalar test; else while min |C| over the nonzero C >= 2^(max
+  es - 12) (one reduction); else MEDIUM: C is first truncated at its own q = 2^(max_g
+  es_g - 35) (per output) by an add rounded toward zero.
+* ``_full_kernel`` (BM/2 x BN/2 blocks of the other tiles): FAST / MEDIUM where the
+  statistics allow it, else GENERAL: E per output; in the frame F = 2^(E - 12) the step q
+  is 2^-23, so each term (C, and the four group terms from four K = 16 dots, one per
+  group: a single group's dot is always exact) is cut in FP32 by RZ(|y| + 1) - 1, the cut
+  terms (multiples of 2^-23 below 2^14) are summed exactly in float64, scaled back by F and
+  rounded toward zero to FP32 by masking the float64 significand (subnormals by a 2^-149
+  floor; beyond 2^128 the conversion gives Inf; -0 only if C and every product are -0).
+* Epilogue in the kernels: alpha (one FP32 RNE product), NaN rows / columns, out_dtype
+  (bf16 by integer RNE), canonical NaN.
+
+``counts`` (an int32 tensor of 3 zeros on the operands' device, optional) receives how many
+(64 x 64 block, instruction) steps took FAST, MEDIUM and GENERAL.  Tile sizes: ``CONFIG``
+(or FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps]]", read at every
+call: ``parse_config``).  Tests: tests/test_chain_triton.py (interpreter on CPU; ``-m gpu``
+on a GPU); benchmark: ``fp4ref.harness.bench_chain``; offline sm_90 build check (registers,
+spills): compile with ``triton.compile`` as scripts/sass_digest.py does.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # triton is optional (pyproject extra "gpu")
+    import triton
+    import triton.language as tl
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the machine
+    triton = tl = None
+    HAVE_TRITON = False
+
+__all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "use_triton",
+           "chain_mm", "SCALE_BLOCKS", "parse_config"]
+
+# _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
+# sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, where GENERAL's
+# float64 accumulator fits the register file.  GROUP_M row tiles share B tiles in L2.
+CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 8}
+_INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M": 2,
+                  "full_warps": 4}
+SCALE_BLOCKS = {"ue4m3": (16,), "ue8m0": (32, 16)}
+BACKENDS = ("auto", "triton", "torch")
+_FOLD = 48            # ue8m0 scales with |exponent| <= 48 are folded into the bf16 operand
+_OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def available() -> bool:
+    return HAVE_TRITON and torch.cuda.is_available()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(backend: str, device) -> bool:
+    """Whether ``backend`` ("auto": CUDA tensors with Triton; "triton": required; "torch":
+    never) runs ``chain_mm`` for tensors on ``device``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: unknown value {backend!r}; valid choices: "
+                         + ", ".join(BACKENDS))
+    dev = torch.device(device)
+    if backend == "torch":
+        return False
+    ok = (dev.type == "cuda" and available()) or (HAVE_TRITON and interpreting()
+                                                  and dev.type == "cpu")
+    if backend == "triton" and not ok:
+        raise ValueError(f"backend: 'triton' needs Triton and CUDA tensors (or CPU tensors "
+                         f"with TRITON_INTERPRET=1), got {dev.type} tensors; valid choices "
+                         "here: 'auto', 'torch'")
+    return ok and (backend == "triton" or dev.type == "cuda")
+
+
+if HAVE_TRITON:
+    @triton.jit
+    def _p2f(e):
+        """2^e as float32 (e an int32 tensor in [-126, 127])."""
+        return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _p2d(e):
+        """2^e as float64 (e clamped to float64's normal range)."""
+        e = tl.minimum(tl.maximum(e, -1022), 1023)
+        return ((e + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+
+    @triton.jit
+    def _add_rz(x, y, ASM: tl.constexpr):
+        """RZ(x + y) in FP32, subnormals kept (no overflow in the callers)."""
+        if ASM:  # PTX add.rz.f32 without .ftz; asm keeps the compiler from fusing it into a dot
+            return tl.inline_asm_elementwise("add.rz.f32 $0, $1, $2;", "=f,f,f", [x, y],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        # TwoSum: s = RN(x + y), e the exact error; RZ is s, or s one step toward zero
+        s = x + y
+        bb = s - x
+        e = (x - (s - bb)) + (y - bb)
+        adj = (e != 0) & ((e < 0) != (s < 0))
+        return tl.where(adj, (s.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), s)
+
+    @triton.jit
+    def _dot(a, b, F32: tl.constexpr):
+        if F32:  # interpreter: numpy float32 matmul, exact on the same operands
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _e2m1(c):
+        """e2m1 code (int32, 0..15) -> float32: m = c & 7 = 1 is 0.5, m >= 2 is
+        (1 + (m & 1) / 2) * 2^((m >> 1) - 1), bit 3 the sign."""
+        m = c & 7
+        bits = tl.where(m >= 2, ((126 + (m >> 1)) << 23) | ((m & 1) << 22),
+                        tl.where(m == 1, 126 << 23, 0))
+        return (bits | ((c >> 3) << 31)).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _scale(s, UE8: tl.constexpr):
+        """Raw scale byte (int32) -> (value float32, alignment exponent int32, is NaN).
+        ue4m3: the sign bit ignored, a subnormal or zero at exponent -6; ue8m0: 2^(s-127).
+        NaN decodes as 1.0 with exponent 0 (its outputs are NaN anyway)."""
+        if UE8:
+            nan = s == 255
+            e = s - 127
+            v = tl.where(s == 0, (1 << 22), s << 23).to(tl.float32, bitcast=True)
+        else:
+            mag = s & 127
+            nan = mag == 127
+            f = mag >> 3
+            m = mag & 7
+            e = tl.where(f > 0, f - 7, -6)
+            v = tl.where(f > 0, (((f + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True),
+                         m.to(tl.float32) * 0.001953125)   # m * 2^-9
+        return tl.where(nan, 1.0, v), tl.where(nan, 0, e), nan
+
+    @triton.jit
+    def _bf16_word(lo, hi):
+        """Two exact bf16 values (as float32) -> one int32 word, the low half first."""
+        ulo = lo.to(tl.uint32, bitcast=True)
+        uhi = hi.to(tl.uint32, bitcast=True)
+        return ((uhi & 0xFFFF0000) | (ulo >> 16)).to(tl.int32, bitcast=True)
+
+    @triton.jit
+    def _prep_kernel(CODES, SC, OUTF, OUTG, EXPS, ST, STI, NANR,
+                     R, KB, KW, NB, NG, NP,
+                     RB: tl.constexpr, PC: tl.constexpr, PACKED: tl.constexpr,
+                     UE8: tl.constexpr, BLOCK: tl.constexpr, GEN: tl.constexpr,
+                     FOLD: tl.constexpr):
+        # program (row block, PC instructions): words [RB, PC, 32] (a word = two elements)
+        rb = tl.program_id(0)
+        rows = rb * RB + tl.arange(0, RB)
+        rv = rows < R
+        ps = tl.program_id(1) * PC + tl.arange(0, PC)
+        pv = ps < NP
+        r3 = rows[:, None, None].to(tl.int64)
+        w = ps[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+        m3 = rv[:, None, None] & pv[None, :, None]
+        if PACKED:
+            byte = tl.load(CODES + r3 * KB + w, mask=m3, other=0).to(tl.int32)
+            lo = byte & 15
+            hi = (byte >> 4) & 15
+        else:
+            lo = tl.load(CODES + r3 * KB + 2 * w, mask=m3, other=0).to(tl.int32) & 15
+            hi = tl.load(CODES + r3 * KB + 2 * w + 1, mask=m3, other=0).to(tl.int32) & 15
+        s = tl.load(SC + r3 * NB + (2 * w) // BLOCK, mask=m3, other=0).to(tl.int32)
+        sv, se, _ = _scale(s, UE8)
+        fold = tl.abs(se) <= FOLD
+        vlo = _e2m1(lo)
+        vhi = _e2m1(hi)
+        sv = tl.where(fold, sv, 0.0)
+        flo = vlo * sv                           # exact: <= 6 significant bits
+        fhi = vhi * sv
+        tl.store(OUTF + r3 * KW + w, _bf16_word(flo, fhi), mask=m3)
+        if GEN:
+            tl.store(OUTG + r3 * KW + w, _bf16_word(vlo, vhi), mask=m3)
+        # ||a'||^2 per (row, instruction), rounded up; +inf where a scale was not folded
+        sq = tl.sum(flo * flo + fhi * fhi, axis=2) * 1.0000152587890625    # 1 + 2^-16
+        unf = tl.max((fold == 0).to(tl.int32), axis=2)
+        sq = tl.where(unf > 0, float("inf"), sq)
+        sq = tl.where(rv[:, None], sq, 0.0)
+        tl.store(ST + rb * 3 * NP + ps, tl.max(sq, axis=0), mask=pv)   # block stats [3, NP]
+        # group exponents (scale of group g: index 16 g // BLOCK), their block min / max
+        gi = ps[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+        sg = tl.load(SC + r3 * NB + (16 * gi) // BLOCK, mask=m3, other=0).to(tl.int32)
+        _, eg, nan = _scale(sg, UE8)
+        tl.store(EXPS + r3 * NG + gi, eg.to(tl.int8), mask=m3)
+        big = 1 << 20
+        lo_e = tl.min(tl.min(tl.where(m3, eg, big), axis=2), axis=0)
+        hi_e = tl.max(tl.max(tl.where(m3, eg, -big), axis=2), axis=0)
+        tl.store(STI + rb * 3 * NP + NP + ps, lo_e, mask=pv)
+        tl.store(STI + rb * 3 * NP + 2 * NP + ps, hi_e, mask=pv)
+        bad = tl.max(tl.max((nan & m3).to(tl.int32), axis=2), axis=1)
+        tl.atomic_max(NANR + rows, bad, mask=rv & (bad > 0))   # NaN rows only: no contention
+
+    @triton.jit
+    def _grp(w, g):
+        """Group g's scale exponent from a row's packed word (four int8, group 0 lowest)."""
+        return (w << (24 - 8 * g)) >> 24
+
+    @triton.jit
+    def _esmax(EA, EB, rows, rmask, cols, cmask, p, NP):
+        """(max_g es_g per output, the packed exponent words of the rows and of the columns).
+        Byte g of a word (group 0 lowest) is (w << (24 - 8 g)) >> 24."""
+        wa = tl.load(EA + rows.to(tl.int64) * NP + p, mask=rmask, other=0)
+        wb = tl.load(EB + cols.to(tl.int64) * NP + p, mask=cmask, other=0)
+        esm = ((wa << 24) >> 24)[:, None] + ((wb << 24) >> 24)[None, :]
+        esm = tl.maximum(esm, ((wa << 16) >> 24)[:, None] + ((wb << 16) >> 24)[None, :])
+        esm = tl.maximum(esm, ((wa << 8) >> 24)[:, None] + ((wb << 8) >> 24)[None, :])
+        return tl.maximum(esm, (wa >> 24)[:, None] + (wb >> 24)[None, :]), wa, wb
+
+    @triton.jit
+    def _cut(C, EA, EB, rows, rmask, cols, cmask, p, NP, ASM: tl.constexpr):
+        """MEDIUM's C: truncated toward zero at q = 2^(max_g es_g - 35) where |C| is small."""
+        esm, _, _ = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
+        big = _p2f(esm - 12)        # |C| below it: C's bits under q = ulp(big) are cut
+        ac = tl.abs(C)
+        tr = _add_rz(ac, big, ASM) - big
+        tr = tl.where(C < 0, 0.0 - tr, tr)   # a nonzero C cut to zero is +0
+        return tl.where(ac < big, tr, C)
+
+    @triton.jit
+    def _cut23(y, ASM: tl.constexpr):
+        """y truncated toward zero to a multiple of 2^-23 (exact in float32): RZ(|y| + 1) - 1
+        where |y| < 1; a larger |y| already is such a multiple (callers' frames)."""
+        ay = tl.abs(y)
+        t = _add_rz(ay, tl.full(y.shape, 1.0, tl.float32), ASM) - 1.0
+        t = tl.where(ay < 1.0, t, ay)
+        sgn = y.to(tl.int32, bitcast=True) & -2147483648
+        return (t.to(tl.int32, bitcast=True) | sgn).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _rz32(v, TINY: tl.constexpr):
+        """float64 v -> FP32 rounded toward zero (>= 2^128 gives Inf; TINY: subnormals)."""
+        av = tl.abs(v)
+        if TINY:
+            tiny = tl.floor(av * 7.1362384635297994e44) * 1.401298464324817e-45   # 2^149, 2^-149
+            av = tl.where(av < 1.1754943508222875e-38, tiny, av)                 # below 2^-126
+        bits = av.to(tl.int64, bitcast=True) & -536870912                        # 29 low bits cut
+        m = bits.to(tl.float64, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
+        # the sign by its bit: Triton's unary minus is 0 - x, which turns -0 into +0
+        return tl.where(v < 0, m | -2147483648, m).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _all_neg0(AGI, BGI, rows, rmask, cols, cmask, p, K, shape: tl.constexpr):
+        """Every one of the instruction's 64 products is -0 (a zero factor, signs differ)."""
+        out = tl.full(shape, 1, tl.int32)
+        for k in range(64):
+            av = tl.load(AGI + rows.to(tl.int64) * K + 64 * p + k, mask=rmask, other=1).to(tl.int32)
+            bv = tl.load(BGI + cols.to(tl.int64) * K + 64 * p + k, mask=cmask, other=1).to(tl.int32)
+            za = (av & 0x7FFF) == 0
+            zb = (bv & 0x7FFF) == 0
+            sa = (av >> 15) & 1
+            sb = (bv >> 15) & 1
+            neg0 = (za[:, None] | zb[None, :]) & (sa[:, None] != sb[None, :])
+            out = out & neg0.to(tl.int32)
+        return out
+
+    @triton.jit
+    def _general(C, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
+                 RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr):
+        """The exact instruction per output.  In the frame F = 2^(E - 12) the truncation step
+        q = 2^(E - 35) is 2^-23: each term is cut there in float32 (``_cut23``), the cut terms
+        (multiples of 2^-23 below 2^14) are summed exactly in float64, scaled back by F and
+        rounded toward zero to FP32.  The group terms come from four K = 16 dots, one per
+        group (a single group's sum is always exact; a quarter of the tensor-core work of four
+        masked K = 64 dots).  AGI / BGI: the dot operands (ue8m0: e2m1 values alone; ue4m3:
+        a * s_a) as int16 bits, [rows, K]."""
+        esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
+        ecf = (C.to(tl.int32, bitcast=True) >> 23) & 255
+        E = tl.maximum(tl.maximum(ecf, 1) - 127, esm)     # C = 0 or subnormal: -126
+        h = 12 - E
+        if RESID:   # ue8m0: 2^h may leave float32's range; two exact steps (Inf C stays Inf)
+            h1 = tl.minimum(tl.maximum(h, -126), 127)
+            yc = C * _p2f(h1) * _p2f(tl.minimum(tl.maximum(h - h1, -126), 127))
+        else:       # ue4m3: E in [-12, 128]
+            yc = C * _p2f(h)
+        acc = _cut23(yc, ASM).to(tl.float64) + 0.0       # + 0.0: an exact zero sum is +0
+        ra = rows[:, None].to(tl.int64) * K
+        cb = cols[None, :].to(tl.int64) * K
+        kk = tl.arange(0, 16)
+        for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
+            k0 = 64 * p + 16 * g
+            ag = tl.load(AGI + ra + (k0 + kk)[None, :], mask=rmask[:, None], other=0)
+            bg = tl.load(BGI + cb + (k0 + kk)[:, None], mask=cmask[None, :], other=0)
+            x = _dot(ag.to(tl.bfloat16, bitcast=True), bg.to(tl.bfloat16, bitcast=True), F32DOT)
+            if RESID:   # x = S_g: the group's scale exponent joins here (far below: cut to 0)
+                y = x * _p2f(tl.maximum(_grp(wa, g)[:, None] + _grp(wb, g)[None, :] + h, -126))
+            else:       # x = T_g
+                y = x * _p2f(h)
+            acc = acc + _cut23(y, ASM).to(tl.float64)    # multiples of 2^-23 below 2^14: exact
+        r = _rz32(acc * _p2d(E - 12), RESID)             # Inf C: Inf throughout
+        if ng > 0:                                       # -0 if C and every product are -0
+            neg = _all_neg0(AGI, BGI, rows, rmask, cols, cmask, p, K, C.shape)
+            cneg0 = C.to(tl.int32, bitcast=True) == -2147483648
+            rb = tl.where((acc == 0) & cneg0 & (neg > 0), -2147483648, r.to(tl.int32, bitcast=True))
+            r = rb.to(tl.float32, bitcast=True)   # by bits: Triton folds a -0.0 literal to +0
+        return r
+
+    @triton.jit
+    def _fast_ok(SA, SAI, SB, SBI, p, NP, CB):
+        """FAST's conditions for one block pair from their statistics (module doc): (ok,
+        bound on |D|, max es).  SA / SAI, SB / SBI: the row and column blocks' statistics
+        (max ||a'||^2, min exp, max exp; [3, NP], float32 / int32 views); CB: bound on |C|."""
+        esmin = tl.load(SAI + NP + p) + tl.load(SBI + NP + p)
+        esmax = tl.load(SAI + 2 * NP + p) + tl.load(SBI + 2 * NP + p)
+        bsq = tl.load(SA + p).to(tl.float64) * tl.load(SB + p).to(tl.float64)
+        # 2^(2 esmin + 30) = (2^(L + 23))^2 with L = esmin - 8: the dot's exactness window
+        ok = (esmin >= -90) & (esmax <= 90) & (esmax - esmin <= 27) \
+            & (bsq < _p2d(2 * esmin + 30)) & (CB < _p2d(esmin + 27))
+        return ok, tl.sqrt(bsq) * 1.000001, esmax
+
+    @triton.jit
+    def _fast_or_medium(C, d, cmin, esmax, EA, EB, rows, rmask, cols, cmask, p, NP,
+                        ASM: tl.constexpr):
+        """RZ(C + D), or MEDIUM where some |C| may lie below 2^(max es - 12): (C, path).
+        (D is used outside the branch: Triton's wgmma pipelining fails on a dot result
+        consumed inside an scf.if.)"""
+        if cmin >= _p2f(esmax - 12):
+            Ct = C
+            path = 0
+        else:
+            Ct = _cut(C, EA, EB, rows, rmask, cols, cmask, p, NP, ASM)
+            path = 1
+        return _add_rz(Ct, d, ASM), path
+
+    @triton.jit
+    def _step(C, a, b, CB, ng, SA, SAI, SB, SBI, AG, BG, AGI, BGI, EA, EB,
+              roff, rows, rmask, coff, cols, cmask, p, K, NP, RESID: tl.constexpr,
+              F32DOT: tl.constexpr, ASM: tl.constexpr):
+        """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2).
+        The full dot and the min |C| reduction only where FAST / MEDIUM runs."""
+        ok, bnd, esmax = _fast_ok(SA, SAI, SB, SBI, p, NP, CB)
+        if ok & (ng == 0):
+            Cn, path = _fast_or_medium(C, _dot(a, b, F32DOT), _cmin(C), esmax, EA, EB, rows,
+                                       rmask, cols, cmask, p, NP, ASM)
+            CBn = CB + bnd
+            ngn = ng
+        else:
+            Cn = _general(C, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng, RESID,
+                          F32DOT, ASM)
+            CBn = tl.max(tl.abs(Cn)).to(tl.float64)
+            ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
+            path = 2
+        return Cn, CBn, ngn, path
+
+    @triton.jit
+    def _plan_kernel(SA, SAI, SB, SBI, FLAG, NP: tl.constexpr):
+        """FLAG[qm, qn] = 1 where FAST's conditions fail for block pair (qm, qn) at some
+        instruction (no C needed: the bound on |C| only grows by the bound on |D|)."""
+        qm = tl.program_id(0)
+        qn = tl.program_id(1)
+        CB = tl.max(tl.zeros((2,), tl.float64))
+        bad = tl.max(tl.zeros((2,), tl.int32))
+        for p in range(0, NP):
+            ok, bnd, _ = _fast_ok(SA + qm * 3 * NP, SAI + qm * 3 * NP, SB + qn * 3 * NP,
+                                  SBI + qn * 3 * NP, p, NP, CB)
+            bad = tl.maximum(bad, 1 - ok.to(tl.int32))
+            CB = CB + bnd
+        tl.store(FLAG + qm * tl.num_programs(1) + qn, bad)
+
+    @triton.jit
+    def _tile_flag(FLAG, tm, tn, NQN):
+        """A BM x BN tile needs the GENERAL-capable kernel if any of its quarters does."""
+        f = FLAG + 2 * tm * NQN + 2 * tn
+        return tl.maximum(tl.maximum(tl.load(f), tl.load(f + 1)),
+                          tl.maximum(tl.load(f + NQN), tl.load(f + NQN + 1)))
+
+    @triton.jit
+    def _store(OUT, C, rows, rmask, cols, cmask, NANR, NANC, N, alpha,
+               ALPHA: tl.constexpr, OUTK: tl.constexpr):
+        """The epilogue: alpha, NaN rows / columns, out_dtype (OUTK 0 fp32, 1 bf16, 2 fp16),
+        canonical NaN; stored as bits."""
+        y = C
+        if ALPHA:   # one FP32 RNE product (nothing is added: no FMA)
+            y = y * alpha
+        nr = tl.load(NANR + rows, mask=rmask, other=0)
+        nc = tl.load(NANC + cols, mask=cmask, other=0)
+        nan = (nr[:, None] > 0) | (nc[None, :] > 0) | (y != y)
+        off = rows[:, None].to(tl.int64) * N + cols[None, :]
+        m = rmask[:, None] & cmask[None, :]
+        u = y.to(tl.int32, bitcast=True)
+        if OUTK == 0:
+            tl.store(OUT + off, tl.where(nan, 0x7FFFFFFF, u), mask=m)
+        elif OUTK == 1:   # bfloat16 RNE by integer rounding of the FP32 bits (finite or Inf)
+            hb = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+            tl.store(OUT + off, tl.where(nan, 0x7FFF, hb).to(tl.int16), mask=m)
+        else:
+            h = y.to(tl.float16).to(tl.int16, bitcast=True)
+            tl.store(OUT + off, tl.where(nan, 0x7FFF, h.to(tl.int32)).to(tl.int16), mask=m)
+
+    @triton.jit
+    def _cmin(C):
+        """min |C| over the nonzero C: an exact zero needs no cut (MXFP4 sums often cancel
+        exactly; padding rows and columns hold +0)."""
+        # one pass (was: a second one whenever some C is zero, nearly always for MXFP4)
+        return tl.min(tl.where(C == 0, float("inf"), tl.abs(C)))
+
+    @triton.jit
+    def _tile_es(ea0, ea1, eb0, eb1, p, NP):
+        """(max es, min es) of a tile's two row blocks and two column blocks at step p (ea0 ..
+        eb1: the blocks' max exponents, their min exponents NP words before)."""
+        esmax = tl.maximum(tl.load(ea0 + p), tl.load(ea1 + p)) \
+            + tl.maximum(tl.load(eb0 + p), tl.load(eb1 + p))
+        esmin = tl.minimum(tl.load(ea0 - NP + p), tl.load(ea1 - NP + p)) \
+            + tl.minimum(tl.load(eb0 - NP + p), tl.load(eb1 - NP + p))
+        return esmax, esmin
+
+    @triton.jit
+    def _fast_kernel(ADF, BDF, EA, EB, SAI, SBI, FLAG, NANR, NANC, OUT, CNT,
+                     M, N, alpha, NP: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+                     F32DOT: tl.constexpr, ASM: tl.constexpr, ALPHA: tl.constexpr,
+                     OUTK: tl.constexpr):
+        """The BM x BN tiles whose instructions all pass FAST's conditions (``_plan_kernel``):
+        one tensor-core dot per instruction, then FAST (or MEDIUM)."""
+        pid = tl.program_id(0)
+        nn = tl.cdiv(N, BN)
+        per = GROUP_M * nn                  # grouped order: GROUP_M row tiles share B in L2
+        fm = (pid // per) * GROUP_M
+        gs = tl.minimum(tl.cdiv(M, BM) - fm, GROUP_M)
+        tm = fm + (pid % per) % gs
+        tn = (pid % per) // gs
+        if _tile_flag(FLAG, tm, tn, 2 * nn) == 0:
+            rows = tm * BM + tl.arange(0, BM)
+            cols = tn * BN + tl.arange(0, BN)
+            rmask = rows < M
+            cmask = cols < N
+            S3 = 3 * NP                      # block statistics: [blocks, 3, NP]
+            ea0 = SAI + 2 * tm * S3 + 2 * NP     # max exponent of the tile's two row blocks,
+            ea1 = ea0 + S3                       # two column blocks
+            eb0 = SBI + 2 * tn * S3 + 2 * NP
+            eb1 = eb0 + S3
+            C = tl.zeros((BM, BN), tl.float32)
+            inf32 = tl.max(tl.full((2,), float("inf"), tl.float32))   # "nothing to cut"
+            nmed = tl.max(tl.zeros((2,), tl.int32))
+            # every C so far is a multiple of 2^gq (C = +0: any gq): each product of step p is
+            # a multiple of 2^(es - 8) >= 2^(esmin_p - 8) (e2m1: 2^-1, a scale: 2^(e - 3)), D
+            # is their exact sum, and cutting a multiple of 2^gq to a power-of-two step (RZ to
+            # FP32, MEDIUM's cut) keeps it one.  While gq >= max es - 35, C has no bit below
+            # MEDIUM's step q: no cut and no reduction over C (one block barrier less per step).
+            gq = tl.max(tl.full((2,), 1 << 20, tl.int32))
+            esmax_n, esmin_n = _tile_es(ea0, ea1, eb0, eb1, 0, NP)
+            for p in range(0, NP):
+                esmax = esmax_n      # the statistics of step p + 1 load during step p
+                esmin = esmin_n
+                esmax_n, esmin_n = _tile_es(ea0, ea1, eb0, eb1, tl.minimum(p + 1, NP - 1), NP)
+                if gq >= esmax - 35:
+                    cmin = inf32
+                else:
+                    cmin = _cmin(C)
+                gq = tl.minimum(gq, esmin - 8)
+                # TMA tiles (rows past M / N read as zeros); B rows are K-major columns of B
+                a = ADF.load([tm * BM, 64 * p])
+                b = BDF.load([tn * BN, 64 * p]).T
+                C, k = _fast_or_medium(C, _dot(a, b, F32DOT), cmin, esmax, EA, EB, rows, rmask,
+                                       cols, cmask, p, NP, ASM)
+                nmed += k
+            _store(OUT, C, rows, rmask, cols, cmask, NANR, NANC, N, alpha, ALPHA, OUTK)
+            tl.atomic_add(CNT + 0, 4 * NP - 4 * nmed)     # counted in QM x QN blocks
+            tl.atomic_add(CNT + 1, 4 * nmed)
+
+    @triton.jit
+    def _full_kernel(ADF, BDF, ADG, BDG, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
+                     OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
+                     QM: tl.constexpr, QN: tl.constexpr,
+                     RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+                     ALPHA: tl.constexpr, OUTK: tl.constexpr):
+        """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included."""
+        qm = tl.program_id(0)
+        qn = tl.program_id(1)
+        nqn = tl.num_programs(1)
+        if _tile_flag(FLAG, qm // 2, qn // 2, nqn) != 0:
+            ro = qm * QM
+            co = qn * QN
+            rows = ro + tl.arange(0, QM)
+            cols = co + tl.arange(0, QN)
+            rmask = rows < M
+            cmask = cols < N
+            sa = SA + qm * 3 * NP
+            sai = SAI + qm * 3 * NP
+            sb = SB + qn * 3 * NP
+            sbi = SBI + qn * 3 * NP
+            C = tl.zeros((QM, QN), tl.float32)
+            CB = tl.max(tl.zeros((2,), tl.float64))
+            ng = tl.max(tl.zeros((2,), tl.int32))
+            n0 = ng
+            n1 = ng
+            n2 = ng
+            for p in range(0, NP):
+                a = ADF.load([ro, 64 * p])
+                b = BDF.load([co, 64 * p]).T
+                C, CB, ng, k = _step(C, a, b, CB, ng, sa, sai, sb, sbi,
+                                     ADG, BDG, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
+                                     p, K, NP, RESID, F32DOT, ASM)
+                n0 += (k == 0).to(tl.int32)
+                n1 += (k == 1).to(tl.int32)
+                n2 += (k == 2).to(tl.int32)
+            _store(OUT, C, rows, rmask, cols, cmask, NANR, NANC, N, alpha, ALPHA, OUTK)
+            tl.atomic_add(CNT + 0, n0)
+            tl.atomic_add(CNT + 1, n1)
+            tl.atomic_add(CNT + 2, n2)
+
+
+# --- host side ----------------------------------------------------------------------
+
+def _config() -> dict:
+    """Tile sizes: CONFIG (interpreter: small tiles), updated by FP4REF_CHAIN_CONFIG (read at
+    every call: ``parse_config``; experiments, bench_chain's side-by-side configs)."""
+    if interpreting():
+        return dict(_INTERP_CONFIG)
+    cfg = dict(CONFIG)
+    env = os.environ.get("FP4REF_CHAIN_CONFIG")
+    if env:
+        cfg.update(parse_config(env, "FP4REF_CHAIN_CONFIG"))
+    return cfg
+
+
+def parse_config(text: str, name: str = "config") -> dict:
+    """"BM,BN,num_warps,num_stages[,GROUP_M[,full_warps]]" -> CONFIG keys (e.g. "64,128,4,3";
+    full_warps: the warps of the GENERAL-capable kernel on its BM/2 x BN/2 blocks)."""
+    keys = ("BM", "BN", "num_warps", "num_stages", "GROUP_M", "full_warps")
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        vals = []
+    if not 4 <= len(vals) <= 6:
+        raise ValueError(f"{name}: {text!r} is not 'BM,BN,num_warps,num_stages[,GROUP_M"
+                         "[,full_warps]]' (integers, e.g. '128,128,8,3')")
+    cfg = dict(zip(keys, vals))
+    if cfg["BM"] not in (32, 64, 128, 256) or cfg["BN"] not in (32, 64, 128, 256):
+        raise ValueError(f"{name}: BM={cfg['BM']}, BN={cfg['BN']}; valid choices: BM and BN in "
+                         "32, 64, 128, 256")
+    for k in ("num_warps", "full_warps"):
+        if k in cfg and cfg[k] not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{name}: {k}={cfg[k]}; valid choices: 1, 2, 4, 8, 16")
+    if cfg["num_stages"] < 1 or cfg.get("GROUP_M", 1) < 1:
+        raise ValueError(f"{name}: num_stages={cfg['num_stages']}, GROUP_M="
+                         f"{cfg.get('GROUP_M')}; valid choices: integers >= 1")
+    return cfg
+
+
+def _codes(name: str, x, rows: int, K: int) -> tuple[torch.Tensor, bool]:
+    """(contiguous uint8 codes, packed?): packed [rows, K/2] or one code per byte [rows, K]."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D tensor of e2m1 codes, got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype == torch.float4_e2m1fn_x2:
+        x = x.view(torch.uint8)
+    if x.dtype != torch.uint8:
+        raise ValueError(f"{name}: dtype {x.dtype} is not supported; valid choices: "
+                         "torch.uint8, torch.float4_e2m1fn_x2")
+    if x.shape[0] != rows or x.shape[1] not in (K // 2, K):
+        raise ValueError(f"{name}: shape {list(x.shape)} does not match [{rows}, {K // 2}] "
+                         f"(packed) or [{rows}, {K}] (one code per byte)")
+    return x.contiguous(), x.shape[1] * 2 == K
+
+
+def _prepare(codes, packed: bool, scales, K: int, RB: int, nblocks: int, sf: str, block: int,
+             gen: bool):
+    """The prepass of one operand: (bf16 a * s_a, bf16 a (gen) or the same, int8 group
+    exponents [R, K/16], block statistics float32 [nblocks, 3, NP], int32 NaN rows)."""
+    R, dev, NP = codes.shape[0], codes.device, K // 64
+    outf = torch.empty(R, K, dtype=torch.bfloat16, device=dev)
+    outg = torch.empty(R, K, dtype=torch.bfloat16, device=dev) if gen else outf
+    exps = torch.empty(R, K // 16, dtype=torch.int8, device=dev)
+    st = torch.zeros(nblocks, 3, NP, dtype=torch.float32, device=dev)
+    nan = torch.zeros(R, dtype=torch.int32, device=dev)
+    PC = max(1, 4096 // (RB * 32))          # 4096 words per program: no register spills
+    grid = (triton.cdiv(R, RB), triton.cdiv(NP, PC))
+    _prep_kernel[grid](codes, scales, outf.view(torch.int32), outg.view(torch.int32), exps, st,
+                       st.view(torch.int32), nan, R, codes.shape[1], K // 2, scales.shape[1],
+                       K // 16, NP, RB=RB, PC=PC, PACKED=packed, UE8=sf == "ue8m0", BLOCK=block,
+                       GEN=gen, FOLD=_FOLD, num_warps=8)
+    return outf, outg, exps, st, nan
+
+
+def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int, alpha,
+                out_dtype) -> int:
+    if scale_format not in SCALE_BLOCKS:
+        raise ValueError(f"scale_format: unknown value {scale_format!r}; valid choices: "
+                         + ", ".join(SCALE_BLOCKS))
+    if block not in SCALE_BLOCKS[scale_format]:
+        raise ValueError(f"block: unknown value {block!r} for scale_format {scale_format!r}; "
+                         "valid choices: " + ", ".join(map(str, SCALE_BLOCKS[scale_format])))
+    if out_dtype not in _OUT_KIND:
+        raise ValueError(f"out_dtype: unknown value {out_dtype!r}; valid choices: "
+                         + ", ".join(map(str, _OUT_KIND)))
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                              or float(torch.tensor(float(alpha), dtype=torch.float32)) != alpha
+                              or not torch.isfinite(torch.tensor(float(alpha)))):
+        raise ValueError(f"alpha: {alpha!r} is not a finite FP32 value; valid choices: None or "
+                         "a float equal to its float32 rounding (the combined per-tensor scale)")
+    for name, s, rows in (("scale_a", scale_a, M), ("scale_bt", scale_bt, N)):
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.uint8 or s.dim() != 2 \
+                or s.shape[0] != rows:
+            raise ValueError(f"{name}: expected uint8 raw scale bytes [{rows}, K/{block}], got "
+                             f"{getattr(s, 'dtype', type(s).__name__)} "
+                             f"{list(getattr(s, 'shape', []))}")
+    K = scale_a.shape[1] * block
+    if scale_bt.shape[1] != scale_a.shape[1] or K % 64:
+        raise ValueError(f"scale_bt: shape {list(scale_bt.shape)} and scale_a "
+                         f"{list(scale_a.shape)} need the same K/{block} columns, K a multiple "
+                         "of 64 (one kind::mxf4nvf4 instruction)")
+    return K
+
+
+def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> None:
+    """The plan, then the FAST kernel on unflagged BM x BN tiles and the GENERAL-capable
+    kernel on the BM/2 x BN/2 blocks of flagged ones (both launched; each skips the other's)."""
+    (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc) = A, B
+    BM, BN, interp = cfg["BM"], cfg["BN"], interpreting()
+    QM, QN = BM // 2, BN // 2
+    nqm, nqn = 2 * triton.cdiv(M, BM), 2 * triton.cdiv(N, BN)
+    flag = torch.empty(nqm, nqn, dtype=torch.int32, device=out.device)
+    _plan_kernel[(nqm, nqn)](sa, sa.view(torch.int32), sb, sb.view(torch.int32), flag,
+                             NP=K // 64, num_warps=1)
+    common = dict(NP=K // 64, F32DOT=interp, ASM=not interp, ALPHA=alpha is not None,
+                  OUTK=_OUT_KIND[out.dtype])
+    o = out.view(torch.int32 if out.dtype == torch.float32 else torch.int16)
+    al = 1.0 if alpha is None else float(alpha)
+    ea, eb = ea.view(torch.int32), eb.view(torch.int32)      # [R, NP]: four groups per word
+    sai, sbi = sa.view(torch.int32), sb.view(torch.int32)
+    _fast_kernel[(nqm // 2 * (nqn // 2),)](
+        _desc(af, BM), _desc(bf, BN), ea, eb, sai, sbi, flag, nanr, nanc, o, cnt, M, N, al,
+        BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], **common)
+    _full_kernel[(nqm, nqn)](
+        _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), ag.view(torch.int16),
+        bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
+        QM=QM, QN=QN, RESID=gen, num_stages=1, num_warps=cfg["full_warps"], **common)
+
+
+def _desc(t: torch.Tensor, rows: int, width: int = 64):
+    """A TMA descriptor of a [R, K] bf16 operand in tiles of [rows, width] (zero padding)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor.from_tensor(t, [rows, width])
+
+
+def chain_mm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_bt: torch.Tensor, *,
+             scale_format: str, block: int, alpha: float | None = None,
+             out_dtype: torch.dtype = torch.float32, counts: torch.Tensor | None = None):
+    """``blackwell-mxf4nvf4`` on CUDA (or the Triton interpreter): D [M, N] = alpha * (A @ B^T)
+    as the chained kind::mxf4nvf4 instructions compute it (module doc).
+
+    a [M, K/2] / bt [N, K/2]: packed e2m1 bytes (or [M, K] / [N, K], one code per byte;
+    codes are not range-checked here); scale_a [M, K/block] / scale_bt [N, K/block]: raw
+    uint8 scale bytes ("ue4m3": e4m3 bytes, sign ignored, block 16; "ue8m0": block 32 or 16);
+    alpha: None or an FP32 value (the combined per-tensor scale)."""
+    if not (available() or (HAVE_TRITON and interpreting())):
+        raise ValueError("chain_mm: needs Triton and a CUDA device (or TRITON_INTERPRET=1); "
+                         "valid choices elsewhere: fp4ref.scaled_mm's torch path")
+    M, N = a.shape[0], bt.shape[0]
+    K = _check_args(scale_a, scale_bt, M, N, scale_format, block, alpha, out_dtype)
+    a, pa = _codes("a", a, M, K)
+    bt, pb = _codes("bt", bt, N, K)
+    dev = a.device
+    if M == 0 or N == 0 or K == 0:
+        y = torch.zeros(M, N, dtype=torch.float32, device=dev)
+        return (y if alpha is None else y * alpha).to(out_dtype)
+    cfg = _config()
+    BM, BN = cfg["BM"], cfg["BN"]
+    gen = scale_format == "ue8m0"
+    nmt = triton.cdiv(M, BM)
+    af, ag, ea, sa, nanr = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt,
+                                    scale_format, block, gen)
+    bf, bg, eb, sb, nanc = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2,
+                                    2 * triton.cdiv(N, BN), scale_format, block, gen)
+    out = torch.empty(M, N, dtype=out_dtype, device=dev)
+    cnt = counts if counts is not None else torch.zeros(3, dtype=torch.int32, device=dev)
+    _launch(cfg, (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc), out, cnt, M, N, K, alpha, gen)
+    return out
