@@ -275,16 +275,27 @@ def _steps(lo: int, hi: int, F: int, E: int | None) -> tuple[Step, ...]:
     return tuple(out)
 
 
-def _groups(lo: int, hi: int, model: "GemmModel", block, scales: ScaleAt) -> tuple[Group, ...]:
+def _groups(lo: int, hi: int, layout: tuple) -> tuple[Group, ...]:
     """A slice's groups: group_size products each (the whole slice when None); an empty
     slice (K = 0) is one empty group."""
-    G = model.group_size or max(hi - lo, 1)
+    _, block, scales, F, G, _, _, E = layout
+    G = G or max(hi - lo, 1)
     out = []
     for g0 in range(lo, max(hi, lo + 1), G):
         g1 = min(g0 + G, hi)
         sb = g0 // block if scales is ScaleAt.GROUP else None
-        out.append(Group(g0, g1, _steps(g0, g1, model.fma_width, model.exact_group), sb))
+        out.append(Group(g0, g1, _steps(g0, g1, F, E), sb))
     return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _layout(layout: tuple, bounds: tuple) -> tuple[tuple[Slice, ...], bool]:
+    """The slices of a layout (K, block, scales, fma_width, group_size, split_k, split_tile,
+    exact_group) and whether every step has one width.  Cached on the layout alone: the
+    probe inference asks for thousands of candidate models sharing a few layouts."""
+    slices = tuple(Slice(lo, hi, _groups(lo, hi, layout)) for lo, hi in bounds)
+    widths = {st.hi - st.lo for sl in slices for g in sl.groups for st in g.steps}
+    return slices, len(widths) <= 1
 
 
 def _as_int(name: str, v, lo: int) -> int:
@@ -299,7 +310,7 @@ def plan(model: "GemmModel", K: int, block: int | None = None) -> Schedule:
     return _cached(model, K, None if block is None else _as_int("block", block, 1))
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=4096)
 def _cached(model: "GemmModel", K: int, block: int | None) -> Schedule:
     return build(model, K, block)
 
@@ -312,11 +323,10 @@ def build(model: "GemmModel", K: int, block: int | None = None) -> Schedule:
     scales = (ScaleAt.NONE if block is None else
               ScaleAt.GROUP if model.scale_point is ScalePoint.GROUP else ScaleAt.PRODUCT)
     bounds = _check(model, K, block, scales)
-    slices = tuple(Slice(lo, hi, _groups(lo, hi, model, block, scales)) for lo, hi in bounds)
-    widths = {st.hi - st.lo for sl in slices for g in sl.groups for st in g.steps}
     layout = (K, block, scales, model.fma_width, model.group_size, model.split_k,
               model.split_tile, model.exact_group)
+    slices, uniform = _layout(layout, tuple(bounds))
     return Schedule(K, block, scales, slices, model.chain, model.outer_mode, model.exact_group,
                     _exp_factors(model, scales),
-                    None if model.align_bits is None else acc_exp_floor(model), len(widths) <= 1, layout)
+                    None if model.align_bits is None else acc_exp_floor(model), uniform, layout)
 

@@ -15,7 +15,6 @@ No timed assertions: these are measurements.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -23,8 +22,7 @@ import sys
 
 import torch
 
-from .io import write_json_atomic
-from .timing import median_seconds
+from .timing import gemm_section_main, median_seconds
 
 __all__ = ["run", "main", "WORST_CASES", "ALT_CONFIGS", "ALT_SETS"]
 
@@ -220,24 +218,8 @@ def _emulator_row(E: int, device, gen) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="fp4ref emulated Blackwell chain benchmark")
-    ap.add_argument("--out", default="bench_chain.json")
-    ap.add_argument("--sizes", default="8192,4096")
-    ap.add_argument("--emu-size", type=int, default=256)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args(argv)
-    rows = run(args.device, tuple(int(s) for s in args.sizes.split(",")), args.emu_size)
-    meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__}
-    write_json_atomic(args.out, {"meta": meta, "rows": rows})
-    print(f"wrote {args.out}")
-    for r in rows:
-        frac, slow = r.get("fraction_of_cublas_bf16"), r.get("slowdown_vs_gaussian")
-        print(f"{r['size']:>5} {r['method']:<52} {r['tflops']:8.2f} TFLOP/s"
-              + (f"  {100 * frac:5.1f}% of cuBLAS bf16" if frac is not None else "")
-              + (f"  {slow:5.2f}x the Gaussian time" if slow is not None else ""))
-    return 0
-
+    return gemm_section_main(argv, description="fp4ref emulated Blackwell chain benchmark", run=run, default_out="bench_chain.json",
+                             emu_size=256, width=52)
 
 if __name__ == "__main__":
     sys.exit(main())

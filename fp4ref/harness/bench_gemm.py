@@ -11,14 +11,12 @@ No timed assertions anywhere: these are measurements.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import torch
 
-from .io import write_json_atomic
-from .timing import median_seconds
+from .timing import gemm_section_main, median_seconds
 
 __all__ = ["run", "main"]
 
@@ -125,24 +123,8 @@ def _emulator_row(GT, E: int, device, gen) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="fp4ref GEMM benchmark")
-    ap.add_argument("--out", default="bench_gemm.json")
-    ap.add_argument("--sizes", default="8192,4096")
-    ap.add_argument("--emu-size", type=int, default=2048)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args(argv)
-    rows = run(args.device, tuple(int(s) for s in args.sizes.split(",")), args.emu_size)
-    meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__}
-    write_json_atomic(args.out, {"meta": meta, "rows": rows})
-    print(f"wrote {args.out}")
-    for r in rows:
-        frac = r.get("fraction_of_cublas_bf16")
-        print(f"{r['size']:>5} {r['method']:<32} {r['tflops']:8.2f} TFLOP/s"
-              + (f"  {100 * frac:5.1f}% of cuBLAS bf16" if frac is not None else "")
-              + (f"  peak {r['peak_mem_bytes'] / 2**30:.2f} GiB" if r.get("peak_mem_bytes") else ""))
-    return 0
-
+    return gemm_section_main(argv, description="fp4ref GEMM benchmark", run=run, default_out="bench_gemm.json",
+                             emu_size=2048, width=32)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -54,3 +54,34 @@ def median_seconds(fn: Callable[[], object], device, reps: int, warmup: int = 1,
 def timer(device, batch: int = 1) -> Callable[[Callable[[], object], int], float]:
     """``median_seconds`` bound to a device and batch: ``t = timer(dev); t(fn, reps)``."""
     return lambda fn, reps: median_seconds(fn, device, reps, batch=batch)
+
+
+def gemm_section_main(argv, *, description: str, run, default_out: str, emu_size: int,
+                      width: int = 32) -> int:
+    """Standalone CLI of a GEMM bench section (``python -m fp4ref.harness.bench_gemm``):
+    run(device, sizes, emu_size) -> rows, written atomically as {"meta", "rows"} and printed
+    with their fraction of cuBLAS bf16 (same run) and, where present, the slowdown against
+    the Gaussian operands."""
+    import argparse
+
+    import torch
+
+    from .io import write_json_atomic
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", default=default_out)
+    ap.add_argument("--sizes", default="8192,4096")
+    ap.add_argument("--emu-size", type=int, default=emu_size)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    rows = run(args.device, tuple(int(s) for s in args.sizes.split(",")), args.emu_size)
+    meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__}
+    write_json_atomic(args.out, {"meta": meta, "rows": rows})
+    print(f"wrote {args.out}")
+    for r in rows:
+        frac, slow = r.get("fraction_of_cublas_bf16"), r.get("slowdown_vs_gaussian")
+        print(f"{r['size']:>5} {r['method']:<{width}} {r['tflops']:8.2f} TFLOP/s"
+              + (f"  {100 * frac:5.1f}% of cuBLAS bf16" if frac is not None else "")
+              + (f"  {slow:5.2f}x the Gaussian time" if slow is not None else "")
+              + (f"  peak {r['peak_mem_bytes'] / 2**30:.2f} GiB" if r.get("peak_mem_bytes") else ""))
+    return 0
