@@ -4,18 +4,13 @@ preset), bit for bit; single instructions also == ``reference.mma`` (exact Fract
 
 Without CUDA the kernels run in the Triton interpreter (numpy dots: the logic, not the
 hardware's adds), in a process of their own: TRITON_INTERPRET=1 must be set before Triton is
-imported, so ``test_module_under_interpreter`` starts ``pytest -m triton_interpret`` on this
-file with it, as tests/test_interpreter.py does for the other Triton modules.  Each test
+imported, so tests/test_interpreter.py (MODULES) starts ``pytest -m triton_interpret`` on this
+file with it, as for the other Triton modules.  Each test
 asserts which paths (FAST / MEDIUM / GENERAL, ``counts``) it exercised.  On a GPU:
     python -m pytest -q -m gpu tests/test_chain_triton.py
 compares 256x192x1024 outputs in full and 1000x777x4096 on sampled rows with the emulator.
 """
 from __future__ import annotations
-
-import os
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -28,7 +23,6 @@ from fp4ref.cast import pack_fp4  # noqa: E402
 from fp4ref.scaled_gemm import mxf4nvf4_chain, scaled_mm, swizzle_128x4  # noqa: E402
 from reference import mma as RM  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 interp = pytest.mark.triton_interpret
 N_HYP = max(6, settings.default.max_examples // 10)    # ci: 6, thorough: 200
 BYTES = {"ue4m3": {"narrow": (48, 64), "mid": (40, 72), "wide": (0, 256), "tiny": (0, 24)},
@@ -322,26 +316,8 @@ def test_chain_mm_arguments():
         CT.chain_mm(a, a[:, :20].contiguous(), sa, sa, scale_format="ue4m3", block=16)
 
 
-# --- the interpreter process -----------------------------------------------------------
-
-@pytest.mark.skipif(torch.cuda.is_available(),
-                    reason="with CUDA the compiled kernels run in-process")
-def test_module_under_interpreter(pytestconfig):
-    """The triton_interpret tests above, in a child process with TRITON_INTERPRET=1."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("this process is itself an interpreter process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "triton_interpret",
-           "tests/test_chain_triton.py"]
-    prof = pytestconfig.getoption("hypothesis_profile", None)
-    if prof:
-        cmd.append(f"--hypothesis-profile={prof}")
-    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    tail = r.stdout[-6000:] + r.stderr[-2000:]
-    assert r.returncode == 0, tail
-    m = re.search(r"(\d+) passed", r.stdout)
-    assert m and int(m.group(1)) > 0 and "skipped" not in r.stdout.splitlines()[-1], tail
+# The triton_interpret tests above run in a child process with TRITON_INTERPRET=1:
+# tests/test_interpreter.py (MODULES).
 
 
 # --- GPU: the compiled kernels on larger shapes ------------------------------------------

@@ -17,7 +17,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ["tests/test_gemm_triton.py", "tests/test_triton_quant_flat.py",
-           "tests/test_triton_current_scaling.py", "tests/test_public_quant_fast.py"]
+           "tests/test_triton_current_scaling.py", "tests/test_public_quant_fast.py",
+           "tests/test_chain_triton.py"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the compiled kernels run in-process")

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from .timing import gemm_section_main, median_seconds
+from .timing import gemm_section_main, median_seconds, mem_peak, mem_reset
 
 __all__ = ["run", "main", "WORST_CASES", "ALT_CONFIGS", "ALT_SETS"]
 
@@ -46,20 +46,6 @@ WORST_CASES = {
 ALT_CONFIGS = ("64,128,4,3,8,4", "128,64,4,3,8,4", "128,128,8,4")
 ALT_SETS = ("nvfp4_gaussian", "mxfp4_gaussian", "nvfp4_heavy_tails")
 _SCALE = {"nvfp4": (torch.float8_e4m3fn, "ue4m3", 16), "mxfp4": (torch.float8_e8m0fnu, "ue8m0", 32)}
-
-
-def _mem_reset(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _mem_peak(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated())
-    return None
 
 
 def _packed(ac, asc, bc, bsc, fmt, device):
@@ -125,10 +111,10 @@ def _size_rows(S: int, device, gen, iters: int) -> list[dict]:
     rows = []
 
     def rec(method, fn, note, extra=None):
-        _mem_reset(device)
+        mem_reset(device)
         sec = median_seconds(fn, device, iters)
         r = {"size": S, "method": method, "seconds": sec, "tflops": 2.0 * S ** 3 / sec / 1e12,
-             "peak_mem_bytes": _mem_peak(device), "note": note}
+             "peak_mem_bytes": mem_peak(device), "note": note}
         r.update(extra or {})
         rows.append(r)
         print(json.dumps(r), flush=True)
@@ -205,12 +191,12 @@ def _emulator_row(E: int, device, gen) -> dict:
     a = torch.cat([ac] * 4, 1).to(device)
     b = torch.cat([bc] * 4, 1).t().contiguous().to(device)
     sa, sb = torch.cat([asc] * 4, 1).to(device), torch.cat([bsc] * 4, 1).t().contiguous().to(device)
-    _mem_reset(device)
+    mem_reset(device)
     sec = median_seconds(lambda: mxf4nvf4_chain(a, b, sa, sb, scale_format="ue4m3", block=16,
                                                 alpha=al, backend="torch"), device, 1, warmup=0)
     row = {"size": E, "method": "torch_emulator_blackwell_mxf4nvf4", "seconds": sec,
            "tflops": 2.0 * E * E * K / sec / 1e12, "outputs_per_second": E * E / sec,
-           "peak_mem_bytes": _mem_peak(device),
+           "peak_mem_bytes": mem_peak(device),
            "note": f"the fallback: fp4ref.gemm.emulate under blackwell_mxf4nvf4 at {E} x {E} x "
                    f"{K} on {device.type} (exact int64 emulation, K = {K})"}
     print(json.dumps(row), flush=True)

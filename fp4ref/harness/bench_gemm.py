@@ -16,23 +16,9 @@ import sys
 
 import torch
 
-from .timing import gemm_section_main, median_seconds
+from .timing import gemm_section_main, median_seconds, mem_peak, mem_reset
 
 __all__ = ["run", "main"]
-
-
-def _mem_reset(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _mem_peak(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated())
-    return None
 
 
 def run(device="cuda", sizes=(8192, 4096), emu_size: int = 2048, iters: int = 3) -> list[dict]:
@@ -62,10 +48,10 @@ def _size_rows(GT, S: int, device, gen, iters: int) -> list[dict]:
     del x, w
 
     def rec(method, fn, note="", extra=None):
-        _mem_reset(device)
+        mem_reset(device)
         base = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         sec = median_seconds(fn, device, iters)
-        peak = _mem_peak(device)
+        peak = mem_peak(device)
         f = 2.0 * S ** 3
         r = {"size": S, "method": method, "seconds": sec, "tflops": f / sec / 1e12,
              "peak_mem_bytes": peak, "peak_mem_over_inputs_bytes": None if peak is None else peak - base,
@@ -111,11 +97,11 @@ def _emulator_row(GT, E: int, device, gen) -> dict:
     av, sav = GT.decode_operand(ac, asc, "nvfp4")
     bv, sbv = GT.decode_operand(bc, bsc, "nvfp4")
     bvt, sbvt = bv.t().contiguous(), sbv.t().contiguous()
-    _mem_reset(device)
+    mem_reset(device)
     sec = median_seconds(lambda: emulate("probe_matched", av, bvt, scales_a=sav, scales_b=sbvt,
                                          block=16, alpha=[ta, tb]), device, 1, warmup=0)
     row = {"size": E, "method": "torch_emulator_probe_matched", "seconds": sec,
-           "tflops": 2.0 * E ** 3 / sec / 1e12, "peak_mem_bytes": _mem_peak(device),
+           "tflops": 2.0 * E ** 3 / sec / 1e12, "peak_mem_bytes": mem_peak(device),
            "note": f"fp4ref.gemm.emulate at {E}^3 (smaller size: it is an exact "
                    "int64 emulator, not a fast path)"}
     print(json.dumps(row), flush=True)

@@ -8,7 +8,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["time_cpu", "time_cuda", "median_seconds", "timer"]
+__all__ = ["time_cpu", "time_cuda", "median_seconds", "timer", "mem_reset", "mem_peak",
+           "gemm_section_main"]
 
 
 def time_cpu(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
@@ -85,3 +86,21 @@ def gemm_section_main(argv, *, description: str, run, default_out: str, emu_size
               + (f"  {slow:5.2f}x the Gaussian time" if slow is not None else "")
               + (f"  peak {r['peak_mem_bytes'] / 2**30:.2f} GiB" if r.get("peak_mem_bytes") else ""))
     return 0
+
+
+def mem_reset(device) -> None:
+    """Start a peak-memory measurement (CUDA; a no-op elsewhere)."""
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def mem_peak(device) -> int | None:
+    """Peak bytes allocated since ``mem_reset`` (CUDA), or None."""
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated())
+    return None
