@@ -44,6 +44,11 @@ How each step stays exact:
   terms (multiples of 2^-23 below 2^14) are summed exactly in float64, scaled back by F and
   rounded toward zero to FP32 by masking the float64 significand (subnormals by a 2^-149
   floor; beyond 2^128 the conversion gives Inf; -0 only if C and every product are -0).
+  The four group dots: masked K = 64 dots of the TMA tiles already in registers
+  (FP4REF_CHAIN_GENERAL="tma", the default) or K = 16 dots of per-group global loads
+  ("loads").  On the H200 "tma" is 10-18% faster (reports/baselines/chain-general/): the
+  loads were not GENERAL's bottleneck; its per-output elementwise work (the frame, four
+  cuts, float64 sums, RZ) is.
 * Epilogue in the kernels: alpha (one FP32 RNE product), NaN rows / columns, out_dtype
   (bf16 by integer RNE), canonical NaN.
 
@@ -69,7 +74,7 @@ except Exception:  # pragma: no cover - depends on the machine
     HAVE_TRITON = False
 
 __all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "use_triton",
-           "chain_mm", "SCALE_BLOCKS", "parse_config"]
+           "chain_mm", "SCALE_BLOCKS", "parse_config", "GENERAL_MODES"]
 
 # _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
 # sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, where GENERAL's
@@ -80,6 +85,7 @@ _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M"
 SCALE_BLOCKS = {"ue4m3": (16,), "ue8m0": (32, 16)}
 BACKENDS = ("auto", "triton", "torch")
 _FOLD = 48            # ue8m0 scales with |exponent| <= 48 are folded into the bf16 operand
+GENERAL_DEFAULT = "tma"   # measured on the H200: reports/baselines/chain-general/
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -291,15 +297,18 @@ if HAVE_TRITON:
         return out
 
     @triton.jit
-    def _general(C, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
-                 RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr):
+    def _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
+                 RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+                 GTMA: tl.constexpr):
         """The exact instruction per output.  In the frame F = 2^(E - 12) the truncation step
         q = 2^(E - 35) is 2^-23: each term is cut there in float32 (``_cut23``), the cut terms
         (multiples of 2^-23 below 2^14) are summed exactly in float64, scaled back by F and
         rounded toward zero to FP32.  The group terms come from four K = 16 dots, one per
         group (a single group's sum is always exact; a quarter of the tensor-core work of four
         masked K = 64 dots).  AGI / BGI: the dot operands (ue8m0: e2m1 values alone; ue4m3:
-        a * s_a) as int16 bits, [rows, K]."""
+        a * s_a) as int16 bits, [rows, K].  GTMA: the group terms from four masked K = 64
+        dots of the instruction's tiles ga [rows, 64], gb [64, cols] already in registers
+        (loaded by TMA, no further global loads; 4x the tensor work of one dot)."""
         esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
         ecf = (C.to(tl.int32, bitcast=True) >> 23) & 255
         E = tl.maximum(tl.maximum(ecf, 1) - 127, esm)     # C = 0 or subnormal: -126
@@ -313,11 +322,16 @@ if HAVE_TRITON:
         ra = rows[:, None].to(tl.int64) * K
         cb = cols[None, :].to(tl.int64) * K
         kk = tl.arange(0, 16)
+        kq = tl.arange(0, 64) // 16
         for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
-            k0 = 64 * p + 16 * g
-            ag = tl.load(AGI + ra + (k0 + kk)[None, :], mask=rmask[:, None], other=0)
-            bg = tl.load(BGI + cb + (k0 + kk)[:, None], mask=cmask[None, :], other=0)
-            x = _dot(ag.to(tl.bfloat16, bitcast=True), bg.to(tl.bfloat16, bitcast=True), F32DOT)
+            if GTMA:         # a single group's sum is exact in the dot, as below
+                x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), gb, F32DOT)
+            else:
+                k0 = 64 * p + 16 * g
+                ag = tl.load(AGI + ra + (k0 + kk)[None, :], mask=rmask[:, None], other=0)
+                bg = tl.load(BGI + cb + (k0 + kk)[:, None], mask=cmask[None, :], other=0)
+                x = _dot(ag.to(tl.bfloat16, bitcast=True), bg.to(tl.bfloat16, bitcast=True),
+                         F32DOT)
             if RESID:   # x = S_g: the group's scale exponent joins here (far below: cut to 0)
                 y = x * _p2f(tl.maximum(_grp(wa, g)[:, None] + _grp(wb, g)[None, :] + h, -126))
             else:       # x = T_g
@@ -359,9 +373,9 @@ if HAVE_TRITON:
         return _add_rz(Ct, d, ASM), path
 
     @triton.jit
-    def _step(C, a, b, CB, ng, SA, SAI, SB, SBI, AG, BG, AGI, BGI, EA, EB,
+    def _step(C, a, b, ga, gb, CB, ng, SA, SAI, SB, SBI, AG, BG, AGI, BGI, EA, EB,
               roff, rows, rmask, coff, cols, cmask, p, K, NP, RESID: tl.constexpr,
-              F32DOT: tl.constexpr, ASM: tl.constexpr):
+              F32DOT: tl.constexpr, ASM: tl.constexpr, GTMA: tl.constexpr):
         """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2).
         The full dot and the min |C| reduction only where FAST / MEDIUM runs."""
         ok, bnd, esmax = _fast_ok(SA, SAI, SB, SBI, p, NP, CB)
@@ -371,8 +385,8 @@ if HAVE_TRITON:
             CBn = CB + bnd
             ngn = ng
         else:
-            Cn = _general(C, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng, RESID,
-                          F32DOT, ASM)
+            Cn = _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
+                          RESID, F32DOT, ASM, GTMA)
             CBn = tl.max(tl.abs(Cn)).to(tl.float64)
             ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
             path = 2
@@ -499,8 +513,9 @@ if HAVE_TRITON:
                      OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
                      QM: tl.constexpr, QN: tl.constexpr,
                      RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                     ALPHA: tl.constexpr, OUTK: tl.constexpr):
-        """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included."""
+                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GTMA: tl.constexpr):
+        """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included.
+        GTMA: GENERAL's dot operands come as TMA tiles (ue4m3: the FAST tiles themselves)."""
         qm = tl.program_id(0)
         qn = tl.program_id(1)
         nqn = tl.num_programs(1)
@@ -524,9 +539,15 @@ if HAVE_TRITON:
             for p in range(0, NP):
                 a = ADF.load([ro, 64 * p])
                 b = BDF.load([co, 64 * p]).T
-                C, CB, ng, k = _step(C, a, b, CB, ng, sa, sai, sb, sbi,
+                if GTMA and RESID:   # ue8m0: the e2m1 values alone
+                    ga = ADG.load([ro, 64 * p])
+                    gb = BDG.load([co, 64 * p]).T
+                else:
+                    ga = a
+                    gb = b
+                C, CB, ng, k = _step(C, a, b, ga, gb, CB, ng, sa, sai, sb, sbi,
                                      ADG, BDG, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
-                                     p, K, NP, RESID, F32DOT, ASM)
+                                     p, K, NP, RESID, F32DOT, ASM, GTMA)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
                 n2 += (k == 2).to(tl.int32)
@@ -662,7 +683,22 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
     _full_kernel[(nqm, nqn)](
         _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), ag.view(torch.int16),
         bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
-        QM=QM, QN=QN, RESID=gen, num_stages=1, num_warps=cfg["full_warps"], **common)
+        QM=QM, QN=QN, RESID=gen, GTMA=_general_mode() == "tma", num_stages=1,
+        num_warps=cfg["full_warps"], **common)
+
+
+GENERAL_MODES = ("loads", "tma")
+
+
+def _general_mode() -> str:
+    """How GENERAL gets its four group dots (FP4REF_CHAIN_GENERAL, read at every call):
+    "loads" (four K = 16 dots of per-group global loads) or "tma" (four masked K = 64 dots
+    of the tiles already loaded by TMA)."""
+    mode = os.environ.get("FP4REF_CHAIN_GENERAL", GENERAL_DEFAULT)
+    if mode not in GENERAL_MODES:
+        raise ValueError(f"FP4REF_CHAIN_GENERAL: unknown value {mode!r}; valid choices: "
+                         + ", ".join(GENERAL_MODES))
+    return mode
 
 
 def _desc(t: torch.Tensor, rows: int, width: int = 64):

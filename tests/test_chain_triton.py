@@ -123,6 +123,24 @@ def test_paths(sf, block, ka, kb, codes, cancel, path):
 
 
 @interp
+@pytest.mark.parametrize("mode", CT.GENERAL_MODES)
+@pytest.mark.parametrize("sf,block,ka,kb,codes", [("ue4m3", 16, "wide", "mid", "rand"),
+                                                   ("ue8m0", 32, "wide", "wide", "rand")])
+def test_general_modes(mode, sf, block, ka, kb, codes, monkeypatch):
+    """GENERAL's two ways to the group dots (per-group loads, masked TMA tiles) both equal
+    the emulator (``run`` compares every output)."""
+    monkeypatch.setenv("FP4REF_CHAIN_GENERAL", mode)
+    a, b, sa, sb = operands(11, 24, 21, 192, sf, block, ka, kb, codes, codes, nan=0.03)
+    assert run(a, b, sa, sb, sf, block)[2] > 0
+
+
+def test_general_mode_choices(monkeypatch):
+    monkeypatch.setenv("FP4REF_CHAIN_GENERAL", "fast")
+    with pytest.raises(ValueError, match="FP4REF_CHAIN_GENERAL: unknown value 'fast'; valid choices: loads, tma"):
+        CT._general_mode()
+
+
+@interp
 def test_negative_zero_chain():
     """-0 survives an instruction only if C is -0 and all 64 products are -0: instruction 0
     underflows a tiny negative sum to -0 (ue8m0 scales 2^-75), instruction 1 multiplies -0
