@@ -7,7 +7,7 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: env test test-slow test-gpu test-thorough check-layers probe probe-fleet bench verify-exhaustive report conform gate clean
+.PHONY: env test test-slow test-gpu test-thorough check-layers probe validate-shapes probe-fleet bench verify-exhaustive report conform gate clean
 
 env:
 	@echo "python: $(PY)"
@@ -36,9 +36,20 @@ check-layers:
 
 ## The main job: probe every native GEMM found here, write reports/<device>/<timestamp>/.
 ## Bounded to 5 minutes: devices still running then are reported as unfinished, not dropped.
+## After its probe each device is checked at --random-shapes (default 4) uniformly drawn shapes
+## within what is left of the budget (report: extra.random_shapes; docs/shapes.md).
 PROBE_TIME_LIMIT ?= 290
 probe:
 	@$(PY) -m fp4ref probe --time-limit-s $(PROBE_TIME_LIMIT) $(PROBE_ARGS)
+
+## Native GEMMs against their emulation at uniformly drawn shapes (M, N <= 4096, K <= 16384;
+## refused shapes logged and redrawn), bit for bit, per device.  The JSONL log is appended and
+## resumed (default reports/baselines/shapes/<machine>.jsonl; commit it: shapes accumulate).
+## VALIDATE_SHAPES_ARGS='--devices cuda-cublas-* --shapes 200 --time-limit-s 500' make validate-shapes
+VALIDATE_SHAPES_BASELINE ?= reports/baselines/redesign/h200-probe-after.json
+VALIDATE_SHAPES_ARGS ?= --shapes 100
+validate-shapes:
+	@$(PY) -m fp4ref validate-shapes --baseline $(VALIDATE_SHAPES_BASELINE) $(VALIDATE_SHAPES_ARGS)
 
 ## Every GPU of this node (torchrun, one process per GPU) against the baseline's models.
 ## FLEET_GPUS=8 FLEET_OUT=reports/fleet make probe-fleet; multi-node / Slurm: docs/fleet.md.

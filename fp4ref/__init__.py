@@ -43,6 +43,9 @@ _EXPORTS = {
     "Linear": ("fp4ref.nn", "Linear"),
     "mma": ("fp4ref.mma_tile", "mma"),  # one MMA instruction tile, bit-exact (docs/mma.md)
     "scaled_mm": ("fp4ref.scaled_gemm", "scaled_mm"),  # emulated torch._scaled_mm NVFP4/MXFP4
+    # the native GEMM at any shape (issue 13): schedule table + emulation
+    "emulate_native": ("fp4ref.native", "emulate_native"),
+    "ScheduleTable": ("fp4ref.native", "ScheduleTable"),
 }
 
 __all__ = ["__version__", "emulate", *_EXPORTS]

@@ -8,3 +8,7 @@ place a device's status is decided), run.py (probe one device), workers.py (many
 in worker processes, under a time limit), fleet*.py (a cluster's GPUs).  Nothing here
 writes reports: `fp4ref probe` is reports.probe_run.  See docs/probing.md.
 """
+
+# Registers probes.explain.probe_shape as fp4ref.native's shape prober, so that
+# fp4ref.emulate_native learns an unknown shape on first use when the device is present.
+from . import explain  # noqa: E402,F401

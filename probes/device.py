@@ -13,12 +13,19 @@ A device is a callable ``device(a, b, *, scales_a=None, scales_b=None, alpha=Non
 
 The adapter converts decoded values to its native dtypes (exact by construction), runs the
 kernel, and converts back.  Inference only ever calls the device.
+
+Tensor-level calls (issue 13: shapes up to 4096 x 4096 x 16384): ``Device.draw(M, N, K,
+generator) -> Batch`` (random operands as torch tensors on the device's torch device),
+``Device.call_tensors(batch)`` (float32 [M, N] outputs), ``Device.kernels(batch)`` (profiler
+kernel names) and ``Device.batch_from(a, b, ...)`` (crafted operands).  A backend supplies
+its own (``TensorOps``: CUDA draws on the GPU and calls the op directly); every other device
+gets them through the numpy protocol above.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,13 +33,15 @@ from reference.errors import check_choice
 from reference.formats import FORMATS
 
 __all__ = ["Capabilities", "Device", "DeviceError", "ProtocolError", "Runner", "ALPHA_KINDS",
-           "DEVICE_KINDS", "OUTPUT_FORMATS", "check_outputs", "check_device_name"]
+           "DEVICE_KINDS", "OUTPUT_FORMATS", "DRAW_KINDS", "Batch", "TensorOps", "check_outputs",
+           "check_device_name"]
 
 ALPHA_KINDS = ("none", "tensorwise", "rowwise")
 DEVICE_KINDS = ("virtual", "cpu", "cuda", "blackwell-only")
 
 
 OUTPUT_FORMATS = ("float32", "bfloat16", "float16")  # what the simulator can compare bit for bit
+DRAW_KINDS = ("normal",)  # operand families of Device.draw (validate.KINDS are the numpy ones)
 
 
 class DeviceError(RuntimeError):
@@ -132,6 +141,42 @@ class Capabilities:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One GEMM's operands at a shape, as torch tensors on the device's torch device.
+
+    ``a`` [M, K], ``b`` [K, N]: decoded values (float32, float64 where a format needs it);
+    ``scales_a``/``scales_b``: decoded block scales or None; ``alpha``: None or (sa, sb), each
+    a float or a 1-D float32 tensor ([M] and [N], rowwise); ``native``: what the device's own
+    call takes (native dtypes, layouts), opaque to everyone else."""
+    a: Any
+    b: Any
+    scales_a: Any = None
+    scales_b: Any = None
+    alpha: Any = None
+    native: Any = None
+    kind: str = "normal"
+
+    @property
+    def shape(self) -> tuple:
+        return (int(self.a.shape[0]), int(self.b.shape[1]), int(self.a.shape[1]))
+
+
+@dataclass(frozen=True)
+class TensorOps:
+    """A backend's own tensor-level calls (CUDA: operands drawn on the GPU, the native op
+    called directly, no numpy round trip).  ``draw(M, N, K, generator, kind) -> Batch``,
+    ``call(batch) -> torch.Tensor`` (float32 [M, N]), ``kernels(batch) -> list[str]``,
+    ``pack(a, b, scales_a, scales_b, alpha) -> Batch`` (crafted decoded operands, already on
+    ``torch_device``, into the native form); a None keeps the default (the numpy protocol;
+    no kernel names)."""
+    torch_device: str = "cpu"
+    pack: Callable | None = None
+    draw: Callable | None = None
+    call: Callable | None = None
+    kernels: Callable | None = None
+
+
 @dataclass
 class Device:
     """A named GEMM with declared capabilities; ``fn`` is the callable described above."""
@@ -142,6 +187,7 @@ class Device:
     fn: Callable
     notes: list = field(default_factory=list)
     calls: int = 0
+    tensors: TensorOps | None = None  # tensor-level calls; None: through the numpy protocol
 
     def __post_init__(self):
         check_device_name(self.name)
@@ -174,11 +220,97 @@ class Device:
             raise DeviceError(f"{self.name}: {type(e).__name__}: {e}") from e
         return check_outputs(self.name, out, (a.shape[0], b.shape[1]), self.caps.output)
 
+    @property
+    def torch_device(self) -> str:
+        """Where this device's Batch tensors live ("cuda" or "cpu")."""
+        return self.tensors.torch_device if self.tensors is not None else "cpu"
+
+    def draw(self, M: int, N: int, K: int, generator=None, kind: str = "normal") -> Batch:
+        """Random operands at exactly (M, N, K) (``generator``: a torch.Generator on
+        ``torch_device``, or an int seed).  A shape the device cannot take is a DeviceError."""
+        for nm, v in (("M", M), ("N", N), ("K", K)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{nm}: must be an integer >= 1, got {v!r}")
+        check_choice("kind", kind, DRAW_KINDS)
+        if isinstance(generator, (int, np.integer)) or generator is None:
+            import torch
+            generator = torch.Generator(device=self.torch_device).manual_seed(int(generator or 0))
+        if self.tensors is not None and self.tensors.draw is not None:
+            return self.tensors.draw(int(M), int(N), int(K), generator, kind)
+        return _draw_default(self, int(M), int(N), int(K), generator, kind)
+
+    def batch_from(self, a, b, scales_a=None, scales_b=None, alpha=None) -> Batch:
+        """A Batch of given decoded operands (torch tensors; moved to ``torch_device``), e.g.
+        crafted probes; ``alpha``: None or (sa, sb), floats or [M] / [N] tensors."""
+        import torch
+        dev = self.torch_device
+        mv = lambda t: None if t is None else torch.as_tensor(t).to(dev)  # noqa: E731
+        a, b, scales_a, scales_b = mv(a), mv(b), mv(scales_a), mv(scales_b)
+        if alpha is not None:
+            alpha = tuple(float(x) if np.ndim(x) == 0 else mv(x).float() for x in alpha)
+        if self.tensors is not None and self.tensors.pack is not None:
+            return self.tensors.pack(a, b, scales_a, scales_b, alpha)
+        return Batch(a, b, scales_a, scales_b, alpha)
+
+    def call_tensors(self, batch: Batch):
+        """The device's outputs on ``batch``: float32 torch tensor [M, N] (exact output values)."""
+        if self.tensors is not None and self.tensors.call is not None:
+            self.calls += 1
+            try:
+                return self.tensors.call(batch)
+            except DeviceError:
+                raise
+            except Exception as e:  # the library refused the shape: its own message
+                raise DeviceError(f"{self.name}: {type(e).__name__}: {e}") from e
+        import torch
+        np_ = lambda t: None if t is None else t.detach().cpu().double().numpy()  # noqa: E731
+        alpha = None
+        if batch.alpha is not None:
+            alpha = tuple(x if isinstance(x, float) else np_(x) for x in batch.alpha)
+        out = self(np_(batch.a), np_(batch.b), scales_a=np_(batch.scales_a),
+                   scales_b=np_(batch.scales_b), alpha=alpha)
+        return torch.from_numpy(out.astype(np.float32)).to(batch.a.device)
+
+    def kernels(self, batch: Batch) -> list:
+        """Names of the kernels the call runs (profiler); [] where unknown (numpy protocol)."""
+        t = self.tensors
+        return list(t.kernels(batch)) if t is not None and t.kernels is not None else []
+
     @classmethod
     def wrap(cls, name: str, fn: Callable, caps: Capabilities, *, backend: str = "user",
              kind: str = "cuda") -> "Device":
         """Wrap your own GEMM: ``fn(a, b, **kw) -> outputs`` over decoded float64 operands."""
         return cls(name, backend, kind, caps, fn)
+
+
+def _draw_default(dev: Device, M: int, N: int, K: int, g, kind: str) -> Batch:
+    """Gaussian operands rounded into the device's formats (float64 CPU tensors), block
+    scales 2^U(-4, 4) rounded into the scale format, alpha as validation draws it."""
+    import torch
+    from fp4ref.cast import round_to
+    from reference.formats import get_format
+    caps = dev.caps
+    mm, km = caps.mn_multiple, math.lcm(caps.k_multiple, caps.block or 1)
+    if M % mm or N % mm or K % km:
+        raise DeviceError(f"{dev.name}: shape {(M, N, K)} refused: M and N must be multiples of {mm}, "
+                          f"K of {km}")
+
+    def ops(shape, fmt):
+        top = float(get_format(fmt).max_finite)
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        x = x * (min(1.0, top / 1e6) if get_format(fmt).nbits > 8 else top / (8 if caps.block else 64))
+        return round_to(x, fmt)
+    a, b = ops((M, K), caps.a_format), ops((K, N), caps.b_format)
+    sa = sb = None
+    if caps.block_scaled:
+        sc = lambda s: round_to(torch.exp2(torch.rand(s, generator=g, dtype=torch.float64) * 8 - 4),  # noqa: E731
+                                caps.scale_format)
+        sa, sb = sc((M, K // caps.block)), sc((K // caps.block, N))
+    alpha = None
+    if caps.alpha != "none":
+        f = lambda n: (torch.rand(n, generator=g) * 3.75 + 0.25).float()  # noqa: E731
+        alpha = (float(f(1)[0]), float(f(1)[0])) if caps.alpha == "tensorwise" else (f(M), f(N))
+    return Batch(a, b, sa, sb, alpha, None, kind)
 
 
 class Runner:

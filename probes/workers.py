@@ -40,6 +40,10 @@ class RunOptions:
     shape_deadline: float | None = None    # time.time() after which no per-shape inference starts
     extra_specs: dict = field(default_factory=dict)   # device name -> --extra 'module:attr'
     identities: dict = field(default_factory=dict)    # device name -> identity() tuple
+    random_shapes: int = 0                 # accepted random shapes per device after its probe
+    random_shapes_log: str | None = None   # their JSONL log (None: one per run, in a temp folder)
+    random_shapes_until: float | None = None  # time.time() by which the random-shape step stops
+    random_shapes_max_mn: int = 4096       # M, N drawn in [1, this] (K: [1, min(16384, caps.max_k)])
 
 
 class Display(Protocol):
@@ -118,19 +122,25 @@ def not_run(found, pattern) -> dict:
 
 
 # --- one device, in a worker -------------------------------------------------------------------
-def _worker(name, opts: RunOptions, beat_dir=None, progress=None) -> DeviceResult:
-    """Rebuild the device by name (in a child process, or in-process) and probe it."""
+def _rebuild(name, opts: RunOptions):
+    """The Device named ``name`` built again here, or the error DeviceResult if it cannot be."""
     from .backends import detect
     spec = opts.extra_specs.get(name)
     if spec:
-        dev = load_extra(spec)
-    else:
-        found = [d for d in detect(include=lambda s: s.name == name) if d.name == name]
-        if not found or found[0].device is None:
-            d = found[0] if found else None
-            ident = (name, d.backend if d else "?", d.kind if d else "cpu", False)
-            return DeviceResult.decided(ident, decide_status(failure=(d.reason if d else "") or "device vanished"))
-        dev = found[0].device
+        return load_extra(spec)
+    found = [d for d in detect(include=lambda s: s.name == name) if d.name == name]
+    if not found or found[0].device is None:
+        d = found[0] if found else None
+        ident = (name, d.backend if d else "?", d.kind if d else "cpu", False)
+        return DeviceResult.decided(ident, decide_status(failure=(d.reason if d else "") or "device vanished"))
+    return found[0].device
+
+
+def _worker(name, opts: RunOptions, beat_dir=None, progress=None) -> DeviceResult:
+    """Rebuild the device by name (in a child process, or in-process) and probe it."""
+    dev = _rebuild(name, opts)
+    if isinstance(dev, DeviceResult):
+        return dev
     if progress is None and beat_dir:
         progress = _heartbeat(Path(beat_dir) / f"{_safe_name(name)}.json")
     return probe_device(dev, quick=opts.quick, outputs=opts.outputs, seed=opts.seed, progress=progress,
@@ -200,16 +210,56 @@ def run_devices(chosen: list, opts: RunOptions, results: dict, display: Display)
 
 def _run_inline(chosen, opts, results, display):
     """One device at a time in this process, no time limit; the display names each stage."""
-    for name in chosen:
-        def show(stage=None, **_):
-            if stage is not None:
-                display.show([(name, str(stage))])
-        show("starting")
-        try:
-            results[name] = _worker(name, opts, progress=show)
-        except Exception as e:
-            results[name] = _crashed(name, opts, e)
-        display.advance()
+    logs = tempfile.mkdtemp(prefix="fp4ref-shapes-") if opts.random_shapes else None
+    try:
+        for name in chosen:
+            def show(stage=None, **_):
+                if stage is not None:
+                    display.show([(name, str(stage))])
+            show("starting")
+            try:
+                results[name] = _worker(name, opts, progress=show)
+            except Exception as e:
+                results[name] = _crashed(name, opts, e)
+            if _wants_shapes(results[name], opts):
+                show("random shapes")
+                log = _shapes_log(name, opts, logs)
+                try:
+                    results[name].extra["random_shapes"] = _random_worker(name, results[name].model, opts, log)
+                except Exception as e:  # the probe's result stands; the step says why it ended
+                    results[name].extra["random_shapes"] = _cut_shapes(name, opts, log,
+                                                                       f"crashed: {type(e).__name__}: {e}")
+            display.advance()
+    finally:
+        if logs:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
+# --- the random-shape step after a device's probe (probes.shape_validation) ---------------------
+def _wants_shapes(res: DeviceResult, opts: RunOptions) -> bool:
+    """A device with a model gets random shapes; virtual ones do not (their "native" GEMM is
+    the simulator over every output: minutes at 4096 x 4096 x 16384)."""
+    return opts.random_shapes > 0 and res.model is not None and res.kind != "virtual"
+
+
+def _shapes_log(name, opts: RunOptions, beat_dir) -> str:
+    return opts.random_shapes_log or str(Path(beat_dir) / f"{_safe_name(name)}-shapes.jsonl")
+
+
+def _random_worker(name, model, opts: RunOptions, log) -> dict:
+    """Rebuild the device and run the bounded random-shape validation: its report record."""
+    from .shape_validation import bounded_run
+    dev = _rebuild(name, opts)
+    if isinstance(dev, DeviceResult):
+        return _cut_shapes(name, opts, log, f"not started: the device was not rebuilt ({dev.error})")
+    return bounded_run(dev, model, shapes=opts.random_shapes, seed=opts.seed, log_path=log,
+                       until=opts.random_shapes_until, max_mn=opts.random_shapes_max_mn)
+
+
+def _cut_shapes(name, opts: RunOptions, log, why: str) -> dict:
+    """The record of a random-shape step that did not return: what its log holds so far."""
+    from .shape_validation import random_shapes_record
+    return random_shapes_record(log, name, stopped=why, requested=opts.random_shapes, seed=opts.seed)
 
 
 def _ignore_sigint():
@@ -220,13 +270,16 @@ def _ignore_sigint():
 
 def _run_pool(chosen, opts, results, display, deadline, beat_dir):
     """Devices in worker processes; at ``deadline`` (time.time(), or None) the unfinished
-    ones are reported with their last stage.  The workers are stopped however this ends."""
+    ones are reported with their last stage.  A device that finishes with a model gets its
+    random-shape step as another task; one still running at the deadline keeps the shapes its
+    log holds.  The workers are stopped however this ends."""
     import concurrent.futures as cf
     import multiprocessing as mp
     ex = cf.ProcessPoolExecutor(max_workers=max(1, min(opts.jobs, len(chosen))),
                                 mp_context=mp.get_context("spawn"), initializer=_ignore_sigint)
     try:
         futs = {ex.submit(_worker, n, opts, beat_dir): n for n in chosen}
+        shapes: dict = {}   # random-shape step future -> device name
         pending = set(futs)
         while pending:
             left = None if deadline is None else deadline - time.time()
@@ -235,17 +288,39 @@ def _run_pool(chosen, opts, results, display, deadline, beat_dir):
             done, pending = cf.wait(pending, timeout=1.0 if left is None else min(1.0, left),
                                     return_when=cf.FIRST_COMPLETED)
             for f in done:
+                if f in shapes:
+                    _attach_shapes(results, shapes[f], f, opts, beat_dir)
+                    continue
                 try:
                     results[futs[f]] = f.result()
                 except Exception as e:  # the worker process died
                     results[futs[f]] = _crashed(futs[f], opts, e)
                 display.advance()
+                if _wants_shapes(results[futs[f]], opts):
+                    g = ex.submit(_random_worker, futs[f], results[futs[f]].model, opts,
+                                  _shapes_log(futs[f], opts, beat_dir))
+                    shapes[g] = futs[f]
+                    pending.add(g)
             display.show([(futs[f], str((_last_beat(beat_dir, futs[f]) or {}).get("stage", "starting")))
-                          for f in pending if f.running()][:3])
+                          for f in pending if f in futs and f.running()][:3])
         for f in pending:
-            results[futs[f]] = unfinished(futs[f], opts, f"not finished within --time-limit-s "
-                                          f"{opts.time_limit_s:g}", beat_dir)
+            if f in shapes:
+                results[shapes[f]].extra["random_shapes"] = _cut_shapes(
+                    shapes[f], opts, _shapes_log(shapes[f], opts, beat_dir),
+                    f"stopped at --time-limit-s {opts.time_limit_s:g}; shapes finished by then are kept")
+            else:
+                results[futs[f]] = unfinished(futs[f], opts, f"not finished within --time-limit-s "
+                                              f"{opts.time_limit_s:g}", beat_dir)
     finally:
         for p in list((getattr(ex, "_processes", None) or {}).values()):
             p.terminate()
         ex.shutdown(wait=False, cancel_futures=True)
+
+
+def _attach_shapes(results, name, f, opts, beat_dir) -> None:
+    """A finished random-shape step's record into the device's extra.random_shapes."""
+    try:
+        results[name].extra["random_shapes"] = f.result()
+    except Exception as e:  # the step's process died: keep what its log holds
+        results[name].extra["random_shapes"] = _cut_shapes(name, opts, _shapes_log(name, opts, beat_dir),
+                                                           f"crashed: {type(e).__name__}: {e}")

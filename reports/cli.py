@@ -19,7 +19,7 @@ from .schema import (CONFORMANCE_SCHEMA, ReportError, check_report, load_json, n
                      validate_conformance)
 from .store import newest_report
 
-__all__ = ["COMMANDS", "main", "report_main", "gate_main"]
+__all__ = ["COMMANDS", "main", "report_main", "gate_main", "explain_main", "H200_BASELINE"]
 
 # command -> (module, function, help).  Imported lazily so one broken backend
 # never stops the others from running.
@@ -31,6 +31,9 @@ COMMANDS = {
     "report": ("reports.cli", "report_main", "render report.json files to self-contained HTML"),
     "gate": ("reports.cli", "gate_main", "fail when numerics changed against a baseline"),
     "fleet": ("reports.fleet", "main", "check every GPU of a cluster against its predicted bits (torchrun/srun)"),
+    "validate-shapes": ("probes.shape_validation", "main",
+                        "native GEMMs vs their emulation at uniformly random shapes (resumable JSONL log)"),
+    "explain": ("reports.cli", "explain_main", "which model and split-K schedule a GEMM runs at a shape"),
 }
 
 
@@ -192,6 +195,126 @@ def gate_main(argv: list[str] | None = None) -> int:
         print(f"\nfp4ref gate: accepted; {args.baseline} now holds {cur_path}")
         return 0
     return 0 if result.ok else 1
+
+
+# ---- `fp4ref explain` (issue 13) ----------------------------------------------------------
+H200_BASELINE = Path("reports/baselines/redesign/h200-probe-after.json")  # newest committed H200 probe
+
+
+def _parse_shape(text: str) -> tuple:
+    parts = text.replace("x", ",").split(",")
+    try:
+        t = tuple(int(p) for p in parts)
+    except ValueError:
+        t = ()
+    if len(t) != 3 or min(t) < 1:
+        raise ValueError(f"--shape: {text!r} is not M,N,K (three integers >= 1, e.g. 33,77,1000)")
+    return t
+
+
+def _explain_device(name: str):
+    """The device ``name`` built here; ValueError naming the valid choices otherwise."""
+    from probes.backends import canonical_name, detect
+    name = canonical_name(name)
+    found = detect(include=lambda s: s.name == name)
+    if not found:
+        names = sorted({s.name for specs in _backend_specs() for s in specs})
+        raise ValueError(f"DEVICE: unknown device {name!r}; valid choices: {', '.join(names)}")
+    d = found[0]
+    if d.device is None:
+        raise ValueError(f"DEVICE: {name} is {d.status} here: {d.reason.splitlines()[0] if d.reason else '?'}")
+    return d.device
+
+
+def _backend_specs():
+    from probes.backends import BACKEND_MODULES
+    out = []
+    for modname in BACKEND_MODULES:
+        try:
+            out.append(importlib.import_module(modname).candidates())
+        except Exception:  # a broken backend names no devices
+            continue
+    return out
+
+
+def _explain_base(dev, baseline: Path | None, seed: int):
+    """(model, where from): the device's model in the baseline report (default: the H200 one,
+    for GPU and virtual devices); else a quick inference."""
+    from probes.backends import canonical_name
+    from reference.notation import from_dict
+    # the H200 report's CPU entries ran on that host's CPU, not this one: no default for them
+    paths = [baseline] if baseline is not None else ([] if dev.kind == "cpu" else [H200_BASELINE])
+    for p in paths:
+        if not p.exists():
+            if baseline is not None:
+                raise ValueError(f"--baseline: {p} does not exist")
+            continue
+        for d in load_json(p).get("devices", []):
+            if canonical_name(d.get("name", "")) == dev.name and d.get("model"):
+                return from_dict(d["model"]), str(p)
+        if baseline is not None:
+            raise ValueError(f"--baseline: {p} has no model for {dev.name}")
+    from probes.infer import Inference
+    res = Inference(dev, quick=True, seed=seed).run()
+    if res.model is None:
+        raise ValueError(f"DEVICE: no baseline model for {dev.name} and a quick inference found none "
+                         f"({res.status}); pass --baseline REPORT.json")
+    return res.model, "quick inference"
+
+
+def explain_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="fp4ref explain",
+        description="Which model and schedule (kernel family, split-K, promotion) a native GEMM runs at "
+                    "each shape, found by a few probes at that exact shape; recorded in a schedule table "
+                    "(fp4ref.emulate_native reads it).")
+    ap.add_argument("device", metavar="DEVICE", help="device name, e.g. cuda-cublas-bfloat16")
+    ap.add_argument("--shape", action="append", required=True, help="M,N,K (repeatable)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help=f"report whose model for DEVICE is the starting point (default: {H200_BASELINE} "
+                         "if it has DEVICE, else a quick inference)")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="schedule table JSON to read and extend (default: reports/schedules/<env-key>.json)")
+    ap.add_argument("--outputs", type=int, default=4096, help="sampled outputs confirmed per shape")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
+    ap.add_argument("--heuristic", action="store_true",
+                    help="also read cuBLASLt's heuristic (split-K it would pick) and compare it with the probe")
+    args = ap.parse_args(argv)
+    shapes = [_parse_shape(s) for s in args.shape]
+    if args.outputs < 1:
+        raise ValueError(f"--outputs: must be >= 1, got {args.outputs}")
+    import probes.explain as X
+    from probes.device import DeviceError
+    from fp4ref.native import ScheduleTable, env_slug, environment_key
+    from reference.notation import short
+    dev = _explain_device(args.device)
+    base, src = _explain_base(dev, args.baseline, args.seed)
+    path = args.table or Path("reports/schedules") / (env_slug(environment_key(dev.name)) + ".json")
+    table = ScheduleTable.load(path)
+    print(f"fp4ref explain: {dev.name}; base model ({src}): {short(base)}")
+    rows = []
+    for shp in shapes:
+        try:
+            e = X.explain_shape(dev, shp, base_model=base, table=table, seed=args.seed, outputs=args.outputs)
+        except DeviceError as err:
+            print(f"  {shp}: refused by the device: {err}")
+            rows.append({"shape": list(shp), "refused": str(err)})
+            continue
+        rows.append(e.to_dict())
+        if args.heuristic:  # a prediction, validated here against the probed split
+            h = X.cublaslt_heuristic(dev.name, shp)
+            rows[-1]["heuristic"] = {**h, "agrees": h.get("split_k") == e.model.split_k if "split_k" in h else None}
+            print(f"  {shp}: cuBLASLt heuristic: {h}")
+        split = f"S={e.model.split_k}" + (f"/T{e.model.split_tile}" if e.model.split_tile else "")
+        print(f"  {shp}: {short(e.model)}\n    kernels: {e.family or '-'} [{'; '.join(k[:70] for k in e.kernels)}]"
+              f"\n    split {split}, source {e.source}, {e.matches}/{e.checked_outputs} sampled outputs "
+              f"bit-exact{'' if e.exact else ' (NOT exact)'}, {e.wall_s:.2f} s")
+    table.save(path)
+    print(f"fp4ref explain: table {path} ({len(table)} shape(s))")
+    if args.json is not None:
+        write_json_atomic(args.json, {"device": dev.name, "base": short(base), "base_source": src, "shapes": rows})
+    return 0 if all(r.get("matches") == r.get("checked_outputs") for r in rows if "matches" in r) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -303,7 +303,30 @@ def _device_view(i: int, d: dict) -> dict:
             "capabilities": [{"key": k, "value": _compact(val_)} for k, val_ in d["capabilities"].items()],
             "probes": [_probe_view(p) for p in d["probes"]],
             "scans": [_scan_plot(s) for s in d["scans"]], "validation": val,
+            "random_shapes": _random_shapes_view((d.get("extra") or {}).get("random_shapes")),
             "wall_s": d["wall_s"], "notes": d["notes"]}
+
+
+def _random_shapes_view(rs) -> dict | None:
+    """A device's extra.random_shapes (probes.shape_validation.random_shapes_record) as the
+    card shows it; reports before issue 13 have none."""
+    if not isinstance(rs, dict):
+        return None
+    rows = []
+    for r in rs.get("shapes") or []:
+        fm = r.get("first_mismatch")
+        rows.append({"shape": " x ".join(map(str, r["shape"])), "matches": r["matches"], "outputs": r["outputs"],
+                     "exact": r["matches"] == r["outputs"] and not r.get("error"),
+                     "family": r.get("family") or "", "kernels": "; ".join(r.get("kernels") or []),
+                     "model": r.get("model") or "", "source": r.get("source") or "",
+                     "mismatch": r.get("error") or ("" if not fm else
+                                                    f"{fm['index']}: {fm['native_bits']} / {fm['emulated_bits']}")})
+    return {**{k: rs.get(k, 0) for k in ("tried", "refused", "validated", "bit_exact_shapes", "outputs",
+                                         "bit_exact_outputs")},
+            "max_mn": rs.get("max_mn", "?"), "max_k": rs.get("max_k", "?"), "stopped": rs.get("stopped"),
+            "refusal": (rs.get("refusal") or "")[:200],
+            "all_exact": rs.get("validated", 0) > 0 and rs.get("bit_exact_shapes") == rs.get("validated"),
+            "rows": rows}
 
 
 def _tests_view(t: dict | None) -> dict | None:
@@ -567,6 +590,18 @@ Shapes (M x N x K): {% for s in val.shapes[:12] %}{{ s }}{% if not loop.last %},
 </table>
 {%- endif %}
 {%- else %}<p class="mut">Not validated{% if d.status in ("skipped", "error") %} (the device did not run){% endif %}.</p>{% endif %}
+
+{%- if d.random_shapes %}
+{%- set rs = d.random_shapes %}
+<h4>Random shapes</h4>
+<p class="random-shapes-summary">Uniformly drawn shapes (M, N &le; {{ rs.max_mn }}, K &le; {{ rs.max_k }}; refused ones redrawn), native against the emulated schedule of each shape, bit for bit:
+{{ rs.tried }} tried, {{ rs.refused }} refused{% if rs.refusal %} (e.g. <span class="mono">{{ rs.refusal }}</span>){% endif %}, {{ rs.validated }} validated, <span class="{{ 'ok' if rs.all_exact else 'bad' }}">{{ rs.bit_exact_shapes }} bit-exact shapes</span>, {{ rs.bit_exact_outputs }} of {{ rs.outputs }} sampled outputs bit-exact{% if rs.stopped %}; {{ rs.stopped }}{% endif %}.</p>
+{%- if rs.rows %}
+<table class="random-shapes"><tr><th>M x N x K</th><th>bit-exact outputs</th><th>kernel family</th><th>model</th><th>source</th><th>first mismatch (index: native / emulated)</th></tr>
+{%- for r in rs.rows %}<tr><td class="mono">{{ r.shape }}</td><td class="num"><span class="{{ 'ok' if r.exact else 'bad' }}">{{ r.matches }}/{{ r.outputs }}</span></td><td class="mono" title="{{ r.kernels }}">{{ r.family }}</td><td class="mono">{{ r.model }}</td><td>{{ r.source }}</td><td class="mono">{{ r.mismatch }}</td></tr>{% endfor %}
+</table>
+{%- endif %}
+{%- endif %}
 
 {%- if d.notes %}<h4>Notes</h4><ul>{% for n in d.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
 </article>

@@ -21,7 +21,11 @@ from .environment import baseline_key, collect_environment
 from .records import device_record, new_report, write_report
 from .store import run_dir
 
-__all__ = ["main"]
+__all__ = ["main", "RANDOM_SHAPES_MARGIN_S"]
+
+# Seconds before --time-limit-s at which the random-shape steps stop starting shapes (one
+# shape costs ~1-10 s on the H200; a step still running at the limit keeps its logged shapes).
+RANDOM_SHAPES_MARGIN_S = 20.0
 
 
 def _int_min(lo: int):
@@ -76,6 +80,14 @@ def parser():
     p.add_argument("--time-limit-s", type=_seconds, default=None,
                    help="write the report after this many seconds (any --jobs, any number of "
                         "devices); unfinished devices are reported as errors with their last stage")
+    p.add_argument("--random-shapes", type=_int_min(0), default=4,
+                   help="after its probe, each device (not virtual ones) is validated at this many "
+                        "uniformly drawn shapes (M, N <= 4096, K <= 16384 and the device's max_k; "
+                        "refused shapes redrawn) within the time limit (0: none; default 4); "
+                        "`fp4ref validate-shapes` is the full form")
+    p.add_argument("--random-shapes-log", default=None,
+                   help="append the random shapes to this JSONL log (resumed; default: a log per run, "
+                        "summarized in the report)")
     p.add_argument("--no-html", action="store_true")
     return p
 
@@ -105,11 +117,15 @@ def _list_devices(con, found, extras) -> int:
 def _options(args, found, extras, started: float) -> RunOptions:
     ids = {d.name: (d.name, d.device.backend, d.device.kind, d.device.hardware_run) for d in found if d.device}
     ids.update({dev.name: (dev.name, dev.backend, dev.kind, dev.hardware_run) for dev, _ in extras})
+    deadline = None if args.time_limit_s is None else started + args.time_limit_s
     return RunOptions(quick=args.quick, outputs=args.validate_outputs, seed=args.seed,
                       jobs=args.jobs or min(12, os.cpu_count() or 1), time_limit_s=args.time_limit_s,
-                      deadline=None if args.time_limit_s is None else started + args.time_limit_s,
-                      max_shapes=args.max_shapes, shape_deadline=time.time() + args.shape_budget_s,
-                      extra_specs={dev.name: spec for dev, spec in extras}, identities=ids)
+                      deadline=deadline, max_shapes=args.max_shapes,
+                      shape_deadline=time.time() + args.shape_budget_s,
+                      extra_specs={dev.name: spec for dev, spec in extras}, identities=ids,
+                      random_shapes=args.random_shapes, random_shapes_log=args.random_shapes_log,
+                      # the random-shape steps stop by themselves before the report is written
+                      random_shapes_until=None if deadline is None else deadline - RANDOM_SHAPES_MARGIN_S)
 
 
 def main(argv=None) -> int:
@@ -202,15 +218,26 @@ def _summary_table(report, seconds):
     from rich.text import Text
     table = Table(title=f"fp4ref probe ({seconds:.1f} s)")
     table.add_column("device", overflow="fold")  # full names: wrapped, never cut
-    for col in ("status", "inferred model", "validation", "wall s"):
+    for col in ("status", "inferred model", "validation", "random shapes", "wall s"):
         table.add_column(col, overflow="fold")
     for r in report["devices"]:
         v = r.get("validation")
         vs = f"{v['agreement_pct']:.3f}% of {v['outputs']}" if v else "-"
         mod = (r.get("extra") or {}).get("short") or ((r.get("error") or "").splitlines() or [""])[0][:160]
         table.add_row(Text(r["name"]), Text(r["status"]), Text(mod), Text(vs),
+                      Text(_random_cell((r.get("extra") or {}).get("random_shapes"))),
                       Text(f"{r['wall_s']:.1f}" if r.get("wall_s") else "-"))
     return table
+
+
+def _random_cell(rs) -> str:
+    """'3/4 bit-exact (12 refused)' for a device's extra.random_shapes; '-' without one."""
+    if not rs:
+        return "-"
+    if not rs.get("validated"):
+        return "none validated" + (f" ({rs['stopped']})" if rs.get("stopped") else "")
+    cell = f"{rs['bit_exact_shapes']}/{rs['validated']} bit-exact"
+    return cell + (f" ({rs['refused']} refused)" if rs.get("refused") else "")
 
 
 def _write_and_print(report, out, args, con, t0) -> int:

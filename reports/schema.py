@@ -157,7 +157,34 @@ _SCAN = C.obj(
     then=_scan_then)
 
 
+def _random_shapes_then(rs, p, errs):
+    """Counts that cannot contradict each other (extra.random_shapes, issue 13)."""
+    get = lambda k: rs.get(k) if isinstance(rs.get(k), int) else None  # noqa: E731
+    for small, big in (("refused", "tried"), ("validated", "tried"), ("bit_exact_shapes", "validated"),
+                       ("bit_exact_outputs", "outputs")):
+        if get(small) is not None and get(big) is not None and get(small) > get(big):
+            errs.append(f"{p}.{small}: {get(small)} exceeds {big} {get(big)}")
+    for i, r in enumerate(rs.get("shapes") or []):
+        if isinstance(r, dict) and isinstance(r.get("matches"), int) and isinstance(r.get("outputs"), int) \
+                and r["matches"] > r["outputs"]:
+            errs.append(f"{p}.shapes[{i}].matches: {r['matches']} exceeds outputs {r['outputs']}")
+
+
+_RANDOM_SHAPE_ROW = C.obj({"shape": C.shape, "outputs": C.integer(0), "matches": C.integer(0)},
+                          {"kernels": C.list_of(C.string), "family": C.string, "model": C.string,
+                           "source": C.string, "error": C.nullable(C.string),
+                           "first_mismatch": C.nullable(C.map_of(C.any_json))}, extra_ok=True)
+_RANDOM_SHAPES = C.obj(
+    {k: C.integer(0) for k in ("tried", "refused", "validated", "bit_exact_shapes", "outputs",
+                               "bit_exact_outputs")},
+    {"stopped": C.nullable(C.string), "refusal": C.nullable(C.string), "shapes": C.list_of(_RANDOM_SHAPE_ROW),
+     "worst": C.list_of(C.map_of(C.any_json))}, extra_ok=True, then=_random_shapes_then)
+
+
 def _device_then(d, p, errs):
+    extra = d.get("extra")
+    if isinstance(extra, dict) and "random_shapes" in extra:  # optional: reports before issue 13 lack it
+        _RANDOM_SHAPES(extra["random_shapes"], f"{p}.extra.random_shapes", errs)
     st = d.get("status")
     if st == "error" and not (isinstance(d.get("error"), str) and d["error"].strip()):
         errs.append(f"{p}.error: status is 'error' so error must say what went wrong")

@@ -1,7 +1,8 @@
 """fp4ref.gemm_triton.blockscaled_mm == reference.gemm (the exact reference, decoded by
 reference.formats), bit for bit, on sampled outputs.  Not fp4ref.gemm.emulate: blockscaled_mm
 computes its FIX tiles and special rows with emulate, so comparing with it would check the
-emulator against itself there.  Each test also asserts which routes (PAIR / BLOCK / FIX tiles,
+emulator against itself there.  Each test also asserts which routes (PAIR / BLOCK / WIDE / FIX
+tiles,
 ``route_stats``) it exercised, forced (``force=``) or chosen by the routing.
 
 Without CUDA the kernels run in the Triton interpreter (logic only: the interpreter's dots are
@@ -105,14 +106,15 @@ def test_interpreter_paths(fmt, kind):
     M, N, K = 40, 36, 208 if fmt != "mxfp4" else 224   # ragged tiles, a partial last group
     ops, alpha = _operands(M, N, K, fmt, kind, seed=zlib.crc32(f"{fmt}/{kind}".encode()) % 1000)
     r = _routes(ops, fmt, (32, 32))
-    if kind == "wide":   # every finite scale code: the tiles go to the exact fix-up
-        assert r["fix"] > 0, r
+    if kind == "wide":   # every finite scale code: WIDE tiles (MXFP4: the exact fix-up)
+        assert r["fix" if fmt == "mxfp4" else "wide"] > 0, r
     elif kind in ("random", "narrow"):
         assert r["pair"] > 0, r
     for model in MODELS:
         _check(ops, alpha, fmt, model)
     if fmt != "mxfp4":
         _check(ops, alpha, fmt, "probe_matched", force="block")   # PAIR tiles -> BLOCK kernel
+        _check(ops, alpha, fmt, "probe_matched", force="wide")    # every tile -> WIDE kernel
         _check(ops, None, fmt, "probe_matched_lattice", force="fix")
         _check(ops, alpha, fmt, "probe_matched", force="pair")    # = the routing's choice
     else:
@@ -156,7 +158,7 @@ def test_packed_codes_and_tensor_alpha():
 
 
 def _mixed_routes(fmt):
-    """Rows and columns from three families (tiles of 32): PAIR, BLOCK and FIX tiles in one
+    """Rows and columns from three families (tiles of 32): PAIR, BLOCK and WIDE tiles in one
     GEMM, so the routing's slow branch (after the pair certificate fails) runs."""
     r = _operands(96, 80, 256, fmt, "random", 1)[0]
     o = _operands(96, 80, 256, fmt, "outliers", 0)[0]
@@ -172,7 +174,7 @@ def _mixed_routes(fmt):
 def test_interpreter_mixed_routes(fmt):
     ac, asc, bc, bsc = _mixed_routes(fmt)
     r = _routes([ac, asc, bc, bsc], fmt, (32, 32))
-    assert r["pair"] > 0 and r["block"] > 0 and r["fix"] > 0, r   # all three, unforced
+    assert r["pair"] > 0 and r["block"] > 0 and r["wide"] > 0, r   # all three, unforced
     alpha = [torch.tensor(0.75), 2.0 ** -7]   # a tensor factor: read back with the routing
     for model in ("probe_matched", "probe_matched_lattice"):
         _check([ac, asc, bc, bsc], alpha, fmt, model, tile=(32, 32), n=96)
@@ -286,9 +288,9 @@ def test_gpu_4096(fmt, kind):
 @pytest.mark.parametrize("fmt", list(GT.OPERAND_FORMATS))
 def test_gpu_wide_scales(fmt):
     """Every finite scale code: extreme spreads, zero and subnormal scales (the tiles go to the
-    exact fix-up, asserted; the reference, not the fix-up's emulator, is the oracle)."""
+    WIDE kernel, MXFP4's to the exact fix-up, asserted; the reference is the oracle)."""
     ops, alpha = _operands(2048, 2048, 2048, fmt, "wide", seed=13, device="cuda")
-    assert _routes(ops, fmt, (128, 128))["fix"] > 0
+    assert _routes(ops, fmt, (128, 128))["fix" if fmt == "mxfp4" else "wide"] > 0
     for model in MODELS:
         _check(ops, alpha, fmt, model, n=NG)
 
@@ -306,13 +308,15 @@ def test_gpu_forced_paths_and_rz(fmt, kind):
     _check(ops, alpha, fmt, "probe_matched", force="block", n=NG)
     _check(ops, alpha, fmt, "probe_matched_lattice", force="block", n=NG)
     _check(ops, alpha, fmt, "probe_matched", force="fix", n=32)
+    _check(ops, alpha, fmt, "probe_matched", force="wide", n=NG)
+    _check(ops, alpha, fmt, "probe_matched_lattice", force="wide", tile=(64, 64), n=NG)
     _check(ops, alpha, fmt, "probe_matched", rz="twosum", n=NG)
     _check(ops, alpha, fmt, "probe_matched_lattice", tile=(64, 64), n=NG)
 
 
 @gpu
 def test_gpu_mixed_routes():
-    """PAIR, BLOCK and FIX tiles in one GEMM, unforced, at the GPU's 128x128 tiles."""
+    """PAIR, BLOCK and WIDE tiles in one GEMM, unforced, at the GPU's 128x128 tiles."""
     for fmt in ("nvfp4", "ue5m3"):
         parts = [_operands(384, 384, 1024, fmt, k, s, device="cuda")[0]
                  for k, s in (("random", 1), ("outliers", 0), ("wide", 0))]
@@ -321,7 +325,7 @@ def test_gpu_mixed_routes():
             for t, u in zip(ops, src):
                 t[sl] = u[sl]
         r = _routes(ops, fmt, (128, 128))
-        assert r["pair"] > 0 and r["fix"] > 0, r
+        assert r["pair"] > 0 and r["wide"] > 0, r
         for model in ("probe_matched", "probe_matched_lattice"):
             _check(ops, [torch.tensor(0.75), 2.0 ** -7], fmt, model, n=NG)
 

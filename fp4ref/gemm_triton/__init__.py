@@ -30,17 +30,33 @@ that is the model's own rounding):
   sum exactly, and S = fl((R - M) + L) is again one correct rounding.  MXFP4
   groups are two single-block sums t_b = D_b * 2**(e_a + e_b) (exact when the
   host's range check holds), S = fl(t0 + t1).
+* WIDE tiles (block 16, the tiles failing both certificates; any finite scales): per output
+  and group the four block dots t_b (exact FP32 values, as above) go to float64 (exact) and
+  are summed with TwoSum: s_b, e_b = TwoSum(s_{b-1}, t_b) (s = RN64 of the running sum, e its
+  exact error), f_b, q_b = TwoSum(f_{b-1}, e_b).  If every q_b = 0 the exact group sum is
+  x = s + f, and hi, lo = TwoSum(s, f) gives hi = RN64(x), lo = x - hi exactly.  Round to odd
+  at 53 bits (hi if lo = 0 or hi's last bit is odd, else hi's neighbour toward lo), then one
+  RNE conversion to FP32: RN32(RO53(x)) = RN32(x) because 53 >= 24 + 2 (Boldo & Melquiond),
+  so ties and values next to an FP32 midpoint are decided by the remainder's sign.  Range: all
+  t_b are multiples of 2**L (L = the smallest product unit) with |partial sums| < 2**H; every
+  e_b is then a multiple of 2**L below 2**(H - 53), so sum e_b is exact in float64 whenever
+  H - L <= 104 (q_b = 0 always).  UE5M3: units >= 2**-36 (0.5 * 2**-17 per side), sums
+  < 2**43 (64 * (6 * 61440)**2): H - L = 79; UE4M3 / E4M3 scales (2**-20, 2**29): 49.  No
+  float64 overflow or underflow either (|x| < 2**43, units >= 2**-36).  Where H - L > 104
+  (E8M0 scales: MXFP4 stays on its own route with the fix-up) a nonzero q_b flags the tile,
+  which the fix-up recomputes (``tables.wide_exact`` says, per scale format, when the flags
+  need not be read back); for the formats routed to WIDE this is proven never to happen.
 * Cross-group: outer = add_rz(outer, S), an FP32 add rounded toward zero
   (libdevice __nv_fadd_rz on GPU; an exact TwoSum-based emulation otherwise).
 * decoded_fp32: acc = fma(a*s_a, b*s_b, acc) per k in order; the product is an
   exact FP32 value, so the FMA is the FP32 RNE add of the reference.
-* Everything the checks do not cover (non-finite scales, tiles whose bounds fail,
-  MX exponents out of range) is recomputed by the exact torch emulator
+* Everything the kernels do not cover (non-finite scales, MX exponents out of range, forced
+  FIX, flagged WIDE tiles) is recomputed by the exact torch emulator
   ``fp4ref.gemm.emulate``; lattice and alpha are applied afterwards in FP32
   (exact IEEE ops, or the emulator's exact products for non-FP32 alpha).
 
 The steps, one module each: ``decode`` (checks, codes -> exact bf16 operands),
-``certify`` (pair certificate, special rows), ``route`` (tile -> PAIR / BLOCK / FIX),
+``certify`` (pair certificate, special rows), ``route`` (tile -> PAIR / BLOCK / WIDE / FIX),
 ``launch`` (the kernels, ``kernels.py``), ``fixup`` (exact emulator), ``epilogue``
 (lattice, alpha); ``driver.prepare`` runs them in order, ``options`` holds the accepted
 choices, ``tables`` the per-code lookup tables.

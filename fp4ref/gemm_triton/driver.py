@@ -16,7 +16,7 @@ from .launch import HAVE_TRITON, launch_decoded, launch_gemm
 from .options import Call, Route, interpret, parse_call, torch_decode
 from .route import Routing, forced, route, route_mx, tile_lists, tile_order
 from .schedule import KernelPlan, kernel_plan
-from .tables import scale_tables
+from .tables import scale_tables, wide_exact
 
 __all__ = ["LaunchConfig", "Prepared", "DecodedPrepared", "prepare", "blockscaled_mm"]
 
@@ -101,10 +101,27 @@ class Prepared:
     def __call__(self) -> torch.Tensor:
         c = (torch.zeros if self.need_zero else torch.empty)(self.M, self.N, dtype=torch.float32,
                                                               device=self.A.codes.device)
-        launch_gemm(self, c)
-        c = fixup(c, self.call.model, self.A, self.B, self.call.block, self.routing.mode,
-                  self.cfg.BM, self.cfg.BN, self.info)
+        flags = launch_gemm(self, c)
+        mode, info = self.routing.mode, self.info
+        if flags is not None and not wide_exact(self.call.sfmt):
+            # WIDE tiles whose kernel could not prove a group exact (one host sync): fix-up
+            failed = flags.view(mode.shape) != 0
+            if bool(failed.any()):
+                mode = torch.where(failed, Route.FIX, mode)
+                info = info._replace(any_fix=True)
+                for op in (self.A, self.B):
+                    if op.scales is None:
+                        finish(op)
+        c = fixup(c, self.call.model, self.A, self.B, self.call.block, mode, self.cfg.BM,
+                  self.cfg.BN, info)
         return epilogue(c, self.call.model, self.factors)
+
+    def wide_fallback_tiles(self) -> int:
+        """WIDE tiles the fix-up recomputes (their flags), from one more call of the kernels
+        (benchmarks and tests; the GEMM itself does not need it)."""
+        c = torch.empty(self.M, self.N, dtype=torch.float32, device=self.A.codes.device)
+        flags = launch_gemm(self, c)
+        return 0 if flags is None else int((flags != 0).sum())
 
 
 @dataclass
@@ -166,7 +183,7 @@ def _route_mx(call: Call, cfg: LaunchConfig, A: Operand, B: Operand):
     fb = torch.where(sb > 0, sb, torch.zeros_like(sb)).contiguous()
     ap, _ = decode_bf16(A, call.block, scale=False, want_sq=False)   # e2m1 values: exact
     bp, _ = decode_bf16(B, call.block, scale=False, want_sq=False)
-    ptiles, btiles, n_fix, (nra, nrb) = tile_lists(mode, [A.bad.sum(), B.bad.sum()])
+    ptiles, btiles, n_fix, (nra, nrb), _ = tile_lists(mode, [A.bad.sum(), B.bad.sum()])
     return Operands(ap, bp, fa, fb), Routing(mode, ptiles, btiles, n_fix, None), (nra, nrb)
 
 
@@ -178,10 +195,10 @@ def _route_slow(call: Call, cfg: LaunchConfig, A: Operand, B: Operand):
     mode, offsets = route(A, B, block, cfg.BM, cfg.BN, sqa, sqb,
                           group_blocks=cfg.plan.group_blocks)
     del sqa, sqb
-    mode = forced(mode, call.force, has_block=offsets is not None)
+    mode = forced(mode, call.force, has_block=offsets is not None, has_wide=block == 16)
     # one host sync: tile lists and whether any fixup is needed
-    ptiles, btiles, n_fix, (nra, nrb) = tile_lists(mode, [A.bad.sum(), B.bad.sum()])
-    return Operands(ap, bp), Routing(mode, ptiles, btiles, n_fix, offsets), (nra, nrb)
+    ptiles, btiles, n_fix, (nra, nrb), wtiles = tile_lists(mode, [A.bad.sum(), B.bad.sum()])
+    return Operands(ap, bp), Routing(mode, ptiles, btiles, n_fix, offsets, wtiles), (nra, nrb)
 
 
 def _route_fast(call: Call, cfg: LaunchConfig, A: Operand, B: Operand, checks, alpha):
@@ -212,9 +229,9 @@ def _route_fast(call: Call, cfg: LaunchConfig, A: Operand, B: Operand, checks, a
     else:
         mode, offsets = route(A, B, block, cfg.BM, cfg.BN, sqa, sqb,
                               group_blocks=cfg.plan.group_blocks)
-        mode = forced(mode, force, has_block=offsets is not None)
-        ptiles, btiles, n_fix, _ = tile_lists(mode)
-        routing = Routing(mode, ptiles, btiles, n_fix, offsets)
+        mode = forced(mode, force, has_block=offsets is not None, has_wide=block == 16)
+        ptiles, btiles, n_fix, _, wtiles = tile_lists(mode)
+        routing = Routing(mode, ptiles, btiles, n_fix, offsets, wtiles)
     del sqa, sqb
     if rb.special_a or rb.special_b or routing.n_fix:   # decoded scales for the exact fixup
         finish(A)
@@ -230,7 +247,10 @@ def _prepared(call, cfg, A, B, ops, routing, nrows, factors: Alpha) -> Prepared:
     need_zero = bool(nra or nrb or routing.n_fix)
     # a scalar alpha goes into the kernels' store when nothing comes after them (no fixup,
     # no lattice): saves one full pass over C
-    fuse = factors.scalar is not None and not need_zero and call.model.lattice is None
+    # (not with WIDE tiles that may be flagged: the fix-up recomputes those without alpha)
+    wide_fix = routing.wide is not None and routing.wide.numel() and not wide_exact(call.sfmt)
+    fuse = (factors.scalar is not None and not need_zero and call.model.lattice is None
+            and not wide_fix)
     al = factors.scalar if fuse else 1.0
     if fuse:
         factors = Alpha(None, factors.factors)
@@ -299,8 +319,8 @@ def blockscaled_mm(a_codes: torch.Tensor, a_scales: torch.Tensor, b_codes: torch
     decode scales), a number, a tensor broadcastable to [M, N], or a list of them.
     tile / rz / force are for tests: tile sizes, RZ adds by "asm" (add.rz.f32, the GPU
     default), "libdevice" (__nv_fadd_rz) or "twosum" (exact emulation, interpreter default),
-    force "block" / "fix" routing (force never breaks exactness: it only sends tiles
-    to slower exact paths).  ``prepare(...)`` returns the decoded and routed GEMM, a
+    force "block" / "wide" / "fix" routing (force never breaks exactness: it only sends
+    tiles to slower exact paths).  ``prepare(...)`` returns the decoded and routed GEMM, a
     callable running the kernels (benchmarks)."""
     return prepare(a_codes, a_scales, b_codes, b_scales, fmt=fmt, model=model, alpha=alpha,
                    scale_fmt=scale_fmt, block=block, tile=tile, rz=rz, force=force)()

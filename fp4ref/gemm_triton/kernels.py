@@ -6,7 +6,8 @@ variable may be set after fp4ref is imported.  The jit helpers (``_add_rz`` ...)
 module globals, where Triton looks callees up.
 
 Entry points (``launch.Kernels`` names them): ``_pair_kernel`` / ``_block_kernel`` /
-``_mx_kernel`` (the routed GEMM tiles), ``_decoded_kernel`` (decoded_fp32), ``_decode_kernel``
+``_mx_kernel`` / ``_wide_kernel`` (the routed GEMM tiles), ``_decoded_kernel``
+(decoded_fp32), ``_decode_kernel``
 (codes -> exact bf16 operands, sums of squares, code-range check), ``_bounds_kernel`` (the
 pair certificate's per-tile bounds and the special rows).  Kernels and their names are
 unchanged from the single-module version: the names are symbols in the SASS, which stays
@@ -124,6 +125,67 @@ def _block_kernel(A, B, C, MA, QB, tiles, M, N, K: tl.constexpr, NT, NG, alpha,
         outer = outer * alpha
     cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
     tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
+
+
+@triton.jit
+def _two_sum(x, y):
+    # Knuth's TwoSum (float64): s = RN(x + y) and the exact error e = (x + y) - s, for any
+    # finite x, y without overflow (no ordering condition); no multiply, so nothing to contract
+    s = x + y
+    bb = s - x
+    e = (x - (s - bb)) + (y - bb)
+    return s, e
+
+
+@triton.jit
+def _wide_kernel(A, B, C, FLAG, tiles, M, N, K: tl.constexpr, NT, alpha,
+                 BM: tl.constexpr, BN: tl.constexpr, SBM: tl.constexpr, SBN: tl.constexpr,
+                 RZ: tl.constexpr, F32: tl.constexpr, ALPHA: tl.constexpr,
+                 EXACT: tl.constexpr):
+    # one SBM x SBN sub-tile of a WIDE tile (float64 state per output: smaller tiles spill less);
+    # EXACT: the scale format's span proves the error sum exact (``tables.wide_exact``)
+    pid = tl.program_id(0)
+    nsn: tl.constexpr = BN // SBN
+    nsub: tl.constexpr = (BM // SBM) * nsn
+    t = tl.load(tiles + pid // nsub)
+    sub = pid % nsub
+    rm = (t // NT) * BM + (sub // nsn) * SBM + tl.arange(0, SBM)
+    rn = (t % NT) * BN + (sub % nsn) * SBN + tl.arange(0, SBN)
+    rk = tl.arange(0, 16)
+    mm = rm < M
+    nm = rn < N
+    ap = A + rm[:, None].to(tl.int64) * K + rk[None, :]
+    bp = B + rn[None, :].to(tl.int64) * K + rk[:, None]
+    outer = tl.zeros((SBM, SBN), dtype=tl.float32)
+    bad = tl.zeros((SBM, SBN), dtype=tl.int32)
+    for g in range(0, K, 64):
+        s = tl.zeros((SBM, SBN), dtype=tl.float64)
+        f = tl.zeros((SBM, SBN), dtype=tl.float64)
+        for j in tl.static_range(4):
+            kk = g + 16 * j + rk
+            a = tl.load(ap + g + 16 * j, mask=mm[:, None] & (kk[None, :] < K), other=0.0)
+            b = tl.load(bp + g + 16 * j, mask=nm[None, :] & (kk[:, None] < K), other=0.0)
+            tb = _dot(a, b, F32).to(tl.float64)   # exact block dot, exact in float64
+            s, e = _two_sum(s, tb)                # sum = s + (errors so far), exactly
+            if EXACT:
+                f = f + e                         # exact by the span proof
+            else:
+                f, q = _two_sum(f, e)             # errors summed; q != 0: not exactly
+                bad = bad | (q != 0).to(tl.int32)
+        hi, lo = _two_sum(s, f)                   # hi = RN64(exact sum), lo = remainder
+        # round to odd at 53 bits (hi, or its neighbour toward lo, whichever is odd), then
+        # one RNE conversion: RN32(RO64(x)) = RN32(x) since 53 >= 24 + 2
+        hb = hi.to(tl.int64, bitcast=True)
+        step = tl.where((lo > 0) == (hi > 0), 1, -1).to(tl.int64)
+        ro = tl.where((lo != 0) & ((hb & 1) == 0), (hb + step).to(tl.float64, bitcast=True), hi)
+        outer = _add_rz(outer, ro.to(tl.float32), RZ)
+    if ALPHA:  # the epilogue's scalar alpha, one FP32 RNE product (no add follows: no FMA)
+        outer = outer * alpha
+    cp = C + rm[:, None].to(tl.int64) * N + rn[None, :]
+    tl.store(cp, outer, mask=mm[:, None] & nm[None, :])
+    if not EXACT:
+        nbad = tl.max(tl.max(bad, axis=1), axis=0)
+        tl.atomic_max(FLAG + t, nbad, mask=nbad > 0)   # the fix-up recomputes the tile
 
 
 @triton.jit

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from .options import interpret
+from .tables import wide_exact
 
 if TYPE_CHECKING:  # pragma: no cover
     from .gemm import Prepared
@@ -31,6 +32,7 @@ class Kernels(NamedTuple):
     decoded: object   # decoded_fp32: FP32 FMAs in k order
     decode: object    # codes -> bf16 operands (+ sums of squares, code-range check)
     bounds: object    # pair-certificate bounds per tile, special rows
+    wide: object      # WIDE tiles (block 16): block dots summed exactly in float64
 
 
 _KERNELS: dict[bool, Kernels] = {}
@@ -52,8 +54,13 @@ def kernels() -> Kernels:
     return _KERNELS[mode]
 
 
-def launch_gemm(p: "Prepared", c: torch.Tensor) -> None:
-    """The PAIR / BLOCK (or MX) tiles of ``p`` into ``c``; the FIX tiles stay for ``fixup``."""
+WIDE_SUB = 64   # the WIDE kernel's sub-tile (rows and columns): float64 state per output
+
+
+def launch_gemm(p: "Prepared", c: torch.Tensor) -> torch.Tensor | None:
+    """The PAIR / BLOCK / WIDE (or MX) tiles of ``p`` into ``c``; the FIX tiles stay for
+    ``fixup``.  Returns the WIDE kernel's per-tile flags (int32 [Mt * Nt], nonzero where a
+    group sum was not proven exact: ``fixup`` recomputes those tiles), or None."""
     k, r, cfg, o = kernels(), p.routing, p.cfg, p.ops
     M, N, K = p.M, p.N, p.K
     n_p, n_b = r.pair.numel(), r.block.numel()
@@ -69,6 +76,23 @@ def launch_gemm(p: "Prepared", c: torch.Tensor) -> None:
         q = r.offsets
         k.block[(n_b,)](o.ap, o.bp, c, q.MA, q.QB, r.block, M, N, K, cfg.NT, q.MA.shape[1],
                         p.alpha, **kw)
+    return launch_wide(p, c, kw)
+
+
+def launch_wide(p: "Prepared", c: torch.Tensor, kw: dict) -> torch.Tensor | None:
+    """The WIDE tiles, each as (BM / SBM) * (BN / SBN) programs of SBM x SBN outputs; the
+    per-tile flags stay zero where ``tables.wide_exact`` proves the error sums exact."""
+    r, cfg, o = p.routing, p.cfg, p.ops
+    n_w = 0 if r.wide is None else r.wide.numel()
+    if not n_w:
+        return None
+    sbm = WIDE_SUB if cfg.BM % WIDE_SUB == 0 else cfg.BM
+    sbn = WIDE_SUB if cfg.BN % WIDE_SUB == 0 else cfg.BN
+    nsub = (cfg.BM // sbm) * (cfg.BN // sbn)
+    flags = torch.zeros(-(-p.M // cfg.BM) * cfg.NT, dtype=torch.int32, device=c.device)
+    kernels().wide[(n_w * nsub,)](o.ap, o.bp, c, flags, r.wide, p.M, p.N, p.K, cfg.NT, p.alpha,
+                                  SBM=sbm, SBN=sbn, EXACT=wide_exact(p.call.sfmt), **kw)
+    return flags
 
 
 def launch_decoded(apT: torch.Tensor, bpT: torch.Tensor, c: torch.Tensor) -> None:

@@ -35,6 +35,7 @@ class Route(enum.IntEnum):
     PAIR = 0    # pair / MX kernel: two blocks per tensor-core dot, certified exact
     BLOCK = 1   # block kernel: one dot per block, exact offset sums
     FIX = 2     # the exact torch emulator (fix-up)
+    WIDE = 3    # wide kernel: exact block dots summed in float64 (TwoSum), any finite scales
 
 
 class RzAdd(enum.IntEnum):
@@ -45,7 +46,7 @@ class RzAdd(enum.IntEnum):
 
 
 RZ_CHOICES = {"asm": RzAdd.ASM, "twosum": RzAdd.TWOSUM, "libdevice": RzAdd.LIBDEVICE}
-FORCE_CHOICES = ("pair", "block", "fix")
+FORCE_CHOICES = ("pair", "block", "wide", "fix")
 
 
 def interpret() -> bool:

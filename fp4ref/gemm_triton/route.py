@@ -8,7 +8,12 @@
   S = fl((R - M) + L) is again one correct rounding.  ``route`` checks Q's range per tile.
 * MXFP4: t_b = D_b * 2**(e_a + e_b) is exact when the exponents are in range
   (``route_mx``), S = fl(t0 + t1).
-* FIX: everything else (and special rows), recomputed exactly by ``fixup``."""
+* WIDE (block 16): tiles failing both certificates.  Per output and group the four exact
+  block dots are summed in float64 with TwoSum and rounded once to FP32 (``kernels``
+  ``_wide_kernel``; the proof is in the package docstring); exact for any finite scales.  A
+  group whose error terms do not sum exactly flags its tile, which ``fixup`` recomputes.
+* FIX: special rows, MX tiles out of range, forced FIX and flagged WIDE tiles: recomputed
+  exactly by ``fixup`` (the torch emulator)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -39,6 +44,7 @@ class Routing(NamedTuple):
     block: torch.Tensor         # linear tile indices for the block kernel
     n_fix: int                  # FIX tiles
     offsets: BlockOffsets | None   # for the block kernel (None: no BLOCK tiles possible)
+    wide: torch.Tensor | None = None   # linear tile indices for the wide kernel
 
 
 def _block_scheme(b: Bounds, M: int, N: int, BM: int, BN: int, gb: int):
@@ -84,7 +90,7 @@ def route(A: Operand, B: Operand, block: int, BM: int, BN: int, sqa=None, sqb=No
     b = route_bounds(A, B, block, BM, BN, sqa, sqb, group_blocks=group_blocks)
     ok_pair = pair_ok(b.XAn, b.XBn)
     ok_blk, offsets = _block_scheme(b, M, N, BM, BN, group_blocks)
-    mode = torch.where(ok_pair, Route.PAIR, torch.where(ok_blk, Route.BLOCK, Route.FIX))
+    mode = torch.where(ok_pair, Route.PAIR, torch.where(ok_blk, Route.BLOCK, Route.WIDE))
     return mode, offsets
 
 
@@ -107,11 +113,15 @@ def route_mx(A: Operand, B: Operand, BM: int, BN: int) -> torch.Tensor:
     return torch.where(ok, Route.PAIR, Route.FIX)
 
 
-def forced(mode: torch.Tensor, force: str | None, has_block: bool) -> torch.Tensor:
-    """``force``: "block" sends PAIR tiles to the BLOCK kernel (when it has offsets), "fix"
-    every tile to the fix-up; "pair" / None keep the routing's choice."""
+def forced(mode: torch.Tensor, force: str | None, has_block: bool,
+           has_wide: bool = False) -> torch.Tensor:
+    """``force``: "block" sends PAIR tiles to the BLOCK kernel (when it has offsets), "wide"
+    every tile to the WIDE kernel (block 16, not MX: ``has_wide``), "fix" every tile to the
+    fix-up; "pair" / None keep the routing's choice."""
     if force == "block" and has_block:
         return torch.where(mode == Route.PAIR, Route.BLOCK, mode)
+    if force == "wide" and has_wide:
+        return torch.full_like(mode, Route.WIDE)
     if force == "fix":
         return torch.full_like(mode, Route.FIX)
     return mode
@@ -136,19 +146,23 @@ def tile_order(Mt: int, Nt: int, group: int, dev):
 
 
 def tile_lists(mode: torch.Tensor, extra: list | None = None, group: int = 8):
-    """Linear indices of the PAIR and BLOCK tiles, each in grouped order (8 row tiles per
-    column sweep) so concurrent CTAs share operand panels in L2; one host sync, which also
-    reads the scalars in ``extra`` (tensors) back.  Returns (pair, block, fix count, extra)."""
+    """Linear indices of the PAIR, BLOCK and WIDE tiles, each in grouped order (8 row tiles
+    per column sweep) so concurrent CTAs share operand panels in L2; one host sync, which also
+    reads the scalars in ``extra`` (tensors) back.  Returns (pair, block, fix count, extra,
+    wide); the sort puts the routes in Route order (PAIR, BLOCK, FIX, WIDE)."""
     Mt, Nt = mode.shape
     key, lin, _ = tile_order(Mt, Nt, group, mode.device)
     span = (Mt + group) * Nt
     m = mode.reshape(-1).long()
     order = torch.argsort((m * span + key))
     lin = lin[order]
-    cnt = torch.stack([(m == Route.PAIR).sum(), (m == Route.BLOCK).sum(), (m == Route.FIX).sum()]
+    routes = (Route.PAIR, Route.BLOCK, Route.FIX, Route.WIDE)
+    cnt = torch.stack([(m == r).sum() for r in routes]
                       + [e.reshape(()).long() for e in (extra or [])]).tolist()
-    n_p, n_b = cnt[0], cnt[1]
-    return lin[:n_p].contiguous(), lin[n_p:n_p + n_b].contiguous(), cnt[2], cnt[3:]
+    n_p, n_b, n_f = cnt[0], cnt[1], cnt[2]
+    w0 = n_p + n_b + n_f
+    return (lin[:n_p].contiguous(), lin[n_p:n_p + n_b].contiguous(), n_f, cnt[4:],
+            lin[w0:w0 + cnt[3]].contiguous())
 
 
 def route_stats(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", scale_fmt=None, block=None,
@@ -164,5 +178,6 @@ def route_stats(a_codes, a_scales, b_codes, b_scales, *, fmt="nvfp4", scale_fmt=
     n = mode.numel()
     return {"pair": int((mode == Route.PAIR).sum()) / n,
             "block": int((mode == Route.BLOCK).sum()) / n,
+            "wide": int((mode == Route.WIDE).sum()) / n,
             "fix": int((mode == Route.FIX).sum()) / n,
             "special_rows": int(A.bad.sum()), "special_cols": int(B.bad.sum())}

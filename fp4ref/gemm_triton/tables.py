@@ -8,13 +8,14 @@ stays in bounds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from reference.formats import get_format
 
 __all__ = ["code_values", "ScaleTables", "scale_tables", "E2m1Tables", "e2m1_tables",
-           "sqrt_table", "unit_exp"]
+           "sqrt_table", "unit_exp", "wide_span", "wide_exact"]
 
 _CACHE: dict = {}
 
@@ -102,3 +103,25 @@ def sqrt_table(block: int, device) -> torch.Tensor:
         t = torch.cat([torch.sqrt(k / 4), torch.tensor([1 + 2.0 ** -40], dtype=torch.float64)])
         return t.to(device)
     return _cached(("sqrt", block, str(device)), make)
+
+
+@lru_cache(maxsize=None)
+def wide_span(sfmt: str, group: int = 64) -> int:
+    """H - L of the WIDE kernel's proof (package docstring) for scale format ``sfmt``: every
+    product is a multiple of 2**L (e2m1's 0.5 times the smallest scale quantum, per side: the
+    smallest subnormal, or the smallest normal of a format without subnormals and without
+    mantissa bits, e8m0) and every partial group sum lies below 2**H (``group`` products of
+    (6 * max scale)**2)."""
+    from reference.exact import floor_log2
+    from reference.formats import get_format
+    spec = get_format(sfmt)
+    L = 2 * (floor_log2(spec.min_subnormal or spec.min_normal) - 1)
+    top = group * (6 * spec.max_finite) ** 2
+    H = floor_log2(top) + 1
+    return H - L
+
+
+def wide_exact(sfmt: str) -> bool:
+    """True when the WIDE kernel's error terms always sum exactly for this scale format
+    (H - L <= 104), so its per-tile flags cannot be set and need no read-back."""
+    return wide_span(sfmt) <= 104

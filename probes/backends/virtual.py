@@ -13,7 +13,7 @@ import numpy as np
 from reference.gemm import GemmModel, get_preset
 from reference.rounding import Mode
 
-from ..device import Capabilities, Device
+from ..device import Capabilities, Device, TensorOps
 from ..sim import bits_to_float, output_bits, simulate_gemm
 from . import Spec
 
@@ -37,11 +37,13 @@ def mxfp4_caps(**kw) -> Capabilities:
 
 def virtual_device(model: GemmModel, caps: Capabilities, name: str | None = None, *,
                    nondeterministic: bool = False, noise: float = 0.0, variant: str | None = None,
-                   seed: int = 0, diag_only: bool = False, by_shape=None) -> Device:
+                   seed: int = 0, diag_only: bool = False, by_shape=None, kernel_names=None) -> Device:
     """``diag_only`` (test speed): square calls compute only C[i, i]; the rest is NaN.
     The prober's Runner reads only the diagonal of its probe calls.
     ``by_shape(M, N, K)``: another model (or "pairwise", outside the family) for some
-    shapes, as a library that picks its kernel by shape; None keeps ``model``."""
+    shapes, as a library that picks its kernel by shape; None keeps ``model``.
+    ``kernel_names(M, N, K) -> list[str]``: what ``Device.kernels`` reports at a shape
+    (synthetic names, as a profiler would show; tests keep them opaque to explain)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: unknown value {variant!r}; valid choices: {VARIANTS}")
     if model.output != caps.output:
@@ -72,7 +74,11 @@ def virtual_device(model: GemmModel, caps: Capabilities, name: str | None = None
             keys = np.where(flip & (keys >= 0), keys ^ 1, keys)
         return bits_to_float(keys, caps.output)
 
-    dev = Device(name or f"virtual-{model.name}", "virtual (hidden GemmModel)", "virtual", caps, fn)
+    ops = None
+    if kernel_names is not None:
+        ops = TensorOps(kernels=lambda batch: list(kernel_names(*batch.shape)))
+    dev = Device(name or f"virtual-{model.name}", "virtual (hidden GemmModel)", "virtual", caps, fn,
+                 tensors=ops)
     dev.notes.append("virtual device: outputs come from a hidden reference.gemm model")
     return dev
 

@@ -1,0 +1,308 @@
+"""The native GEMM at any shape: a schedule table and ``emulate_native``.
+
+Libraries pick their kernel (and split-K) by shape, so one model per device is not enough:
+``ScheduleTable`` records, per environment (device name, torch / CUDA / cuBLAS versions,
+driver, SM count, CUBLAS_WORKSPACE_CONFIG, torch's BLAS backend) and shape (M, N, K), the
+model that shape runs (a ``ShapeSchedule``, found by ``probes.explain``).
+``emulate_native(device, a, b, ...)`` looks the shape up and runs ``fp4ref.gemm.emulate``
+with that model; at an unknown shape it probes (when the device object is present and a
+prober is registered: importing ``probes`` registers one) or says plainly that the shape is
+unknown.  This layer never imports ``probes``: the prober is handed in.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from reference.gemm import GemmModel
+from reference.notation import from_dict, short, to_dict
+
+__all__ = ["ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
+           "emulate_native", "register_shape_prober", "shape_prober", "alpha_factors", "cublaslt_library",
+           "DEFAULT_TABLE"]
+
+SOURCES = ("probe", "table", "heuristic")
+TABLE_SCHEMA = "fp4ref.schedule_table/1"
+
+
+def _shape(shape) -> tuple:
+    try:
+        t = tuple(int(x) for x in shape)
+    except (TypeError, ValueError):
+        t = ()
+    if len(t) != 3 or min(t) < 1 or any(isinstance(x, bool) for x in shape):
+        raise ValueError(f"shape: expected (M, N, K), three integers >= 1, got {shape!r}")
+    return t
+
+
+@dataclass(frozen=True)
+class ShapeSchedule:
+    """What a device's GEMM runs at one shape: ``model`` (its split-K and group size
+    included), the profiler's kernel names and their ``family``, where the answer came from
+    (``source``: probe, table or heuristic) and its evidence (``matches`` of
+    ``checked_outputs`` sampled outputs bit-exact).  ``env``: the environment key."""
+    device: str
+    shape: tuple
+    model: GemmModel
+    kernels: tuple = ()
+    family: str = ""
+    source: str = "probe"
+    checked_outputs: int = 0
+    matches: int = 0
+    wall_s: float = 0.0
+    block: int | None = None
+    env: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", _shape(self.shape))
+        object.__setattr__(self, "kernels", tuple(self.kernels))
+        if self.source not in SOURCES:
+            raise ValueError(f"source: unknown value {self.source!r}; valid choices: {', '.join(SOURCES)}")
+        if not isinstance(self.model, GemmModel):
+            raise TypeError(f"model: expected a reference.gemm.GemmModel, got {type(self.model).__name__}")
+
+    @property
+    def exact(self) -> bool:
+        """Every checked output bit-exact (and at least one checked)."""
+        return self.checked_outputs > 0 and self.matches == self.checked_outputs
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "shape": list(self.shape), "model": to_dict(self.model),
+                "short": short(self.model), "kernels": list(self.kernels), "family": self.family,
+                "source": self.source, "checked_outputs": int(self.checked_outputs),
+                "matches": int(self.matches), "wall_s": round(float(self.wall_s), 4),
+                "block": self.block, "env": dict(self.env)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShapeSchedule":
+        return cls(d["device"], tuple(d["shape"]), from_dict(d["model"]), tuple(d.get("kernels", ())),
+                   d.get("family", ""), d.get("source", "probe"), int(d.get("checked_outputs", 0)),
+                   int(d.get("matches", 0)), float(d.get("wall_s", 0.0)), d.get("block"),
+                   dict(d.get("env") or {}))
+
+    def replace(self, **kw) -> "ShapeSchedule":
+        from dataclasses import replace
+        return replace(self, **kw)
+
+
+def cublaslt_library():
+    """The cuBLASLt library torch uses (ctypes.CDLL), or None.  By soname first (torch has
+    loaded it: the same copy comes back), then from the nvidia-cublas wheel's folder."""
+    import ctypes
+    import torch  # noqa: F401  (loads torch's own libcublasLt first)
+    names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"]
+    try:
+        import nvidia.cublas as nc  # the pip wheel torch depends on, where present
+        names += [os.path.join(p, "lib", n) for p in nc.__path__ for n in names[:3]]
+    except ImportError:
+        pass
+    for lib in names:
+        try:
+            return ctypes.CDLL(lib)
+        except OSError:
+            continue
+    return None
+
+
+def _cublas_version():
+    """cuBLASLt's runtime version, or None where it cannot be loaded."""
+    import ctypes
+    lib = cublaslt_library()
+    if lib is None or not hasattr(lib, "cublasLtGetVersion"):
+        return None
+    lib.cublasLtGetVersion.restype = ctypes.c_size_t
+    return int(lib.cublasLtGetVersion())
+
+
+def _driver_version():
+    import ctypes
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        return int(v.value) if cu.cuDriverGetVersion(ctypes.byref(v)) == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+def environment_key(device_name: str) -> dict:
+    """Everything a library's kernel choice may depend on, besides the shape."""
+    import torch
+    key = {"device": str(device_name), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cublas": None, "driver": None, "gpu": None, "sm_count": None,
+           "workspace": os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "blas_backend": None}
+    if torch.cuda.is_available() and str(device_name).startswith("cuda"):
+        p = torch.cuda.get_device_properties(0)
+        key.update(gpu=p.name, sm_count=int(p.multi_processor_count), cublas=_cublas_version(),
+                   driver=_driver_version())
+        try:
+            key["blas_backend"] = str(torch.backends.cuda.preferred_blas_library())
+        except Exception:  # older torch: no such setting, the default (cuBLAS) applies
+            key["blas_backend"] = None
+    return key
+
+
+def env_slug(key: dict) -> str:
+    """A file name for a key: the device name and a short hash of the whole key."""
+    h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(key.get("device", "device"))) + "-" + h
+
+
+def _canon(key: dict) -> str:
+    return json.dumps(key, sort_keys=True)
+
+
+class ScheduleTable:
+    """(environment key, shape) -> ShapeSchedule; JSON on disk (``load``/``save``, atomic)."""
+
+    def __init__(self, entries=()):
+        self._by: dict = {}
+        for e in entries:
+            self.add(e)
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    def entries(self) -> list:
+        return list(self._by.values())
+
+    def add(self, entry: ShapeSchedule) -> ShapeSchedule:
+        """Record ``entry`` under its own env key (or ``{"device": name}`` when it has none)."""
+        if not isinstance(entry, ShapeSchedule):
+            raise TypeError(f"entry: expected a ShapeSchedule, got {type(entry).__name__}")
+        env = entry.env or {"device": entry.device}
+        self._by[(_canon(env), entry.shape)] = entry.replace(env=dict(env))
+        return entry
+
+    def lookup(self, key, shape) -> ShapeSchedule | None:
+        """The entry for ``shape`` under ``key``: a full environment key (dict), or a device
+        name (str: any environment of that device; ValueError if two disagree)."""
+        shape = _shape(shape)
+        if isinstance(key, dict):
+            return self._by.get((_canon(key), shape))
+        if not isinstance(key, str):
+            raise TypeError(f"key: expected an environment key (dict) or a device name (str), "
+                            f"got {type(key).__name__}")
+        hits = [e for (k, s), e in self._by.items() if s == shape and e.device == key]
+        if len({short(e.model) for e in hits}) > 1:
+            raise ValueError(f"key: device {key!r} has {len(hits)} environments recording shape {shape} "
+                             f"with different models; pass the full environment key (environment_key)")
+        return hits[0] if hits else None
+
+    def shapes(self, device: str) -> list:
+        return sorted({s for (_, s), e in self._by.items() if e.device == device})
+
+    def models(self, device: str) -> list:
+        """The distinct models recorded for ``device``, most shapes first."""
+        count: dict = {}
+        for e in self._by.values():
+            if e.device == device:
+                count[e.model] = count.get(e.model, 0) + 1
+        return sorted(count, key=lambda m: -count[m])
+
+    def to_dict(self) -> dict:
+        envs: dict = {}
+        for (k, _), e in sorted(self._by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            envs.setdefault(k, []).append({**e.to_dict(), "env": None})
+        return {"schema": TABLE_SCHEMA,
+                "environments": [{"key": json.loads(k), "shapes": v} for k, v in envs.items()]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ScheduleTable":
+        if not isinstance(d, dict) or d.get("schema") != TABLE_SCHEMA:
+            raise ValueError(f"schedule table: expected schema {TABLE_SCHEMA!r}, "
+                             f"got {d.get('schema') if isinstance(d, dict) else type(d).__name__!r}")
+        t = cls()
+        for env in d["environments"]:
+            for e in env["shapes"]:
+                t.add(ShapeSchedule.from_dict({**e, "env": env["key"]}))
+        return t
+
+    @classmethod
+    def load(cls, path) -> "ScheduleTable":
+        """The table in ``path``; an empty table when the file does not exist."""
+        p = Path(path)
+        if not p.exists():
+            return cls()
+        try:
+            d = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"path: {p} is not JSON ({e})") from e
+        return cls.from_dict(d)
+
+    def save(self, path) -> Path:
+        from .harness.io import write_json_atomic
+        return write_json_atomic(path, self.to_dict())
+
+
+DEFAULT_TABLE = ScheduleTable()  # what emulate_native uses (and fills) when given no table
+_PROBER: list = []
+
+
+def register_shape_prober(fn: Callable | None) -> None:
+    """``fn(device, shape, *, table) -> ShapeSchedule``: how emulate_native learns a shape
+    it does not know, when the device object is present (None unregisters)."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn: expected a callable prober, got {type(fn).__name__}")
+    _PROBER[:] = [] if fn is None else [fn]
+
+
+def shape_prober():
+    """The registered prober, or None."""
+    return _PROBER[0] if _PROBER else None
+
+
+def alpha_factors(alpha):
+    """Device-protocol alpha (sa, sb) -> emulate's factors: 1-D sa is per row ([M, 1]),
+    1-D sb per column ([1, N]); scalars and 2-D tensors as given."""
+    if alpha is None:
+        return None
+    import torch
+    if not isinstance(alpha, (tuple, list)) or len(alpha) != 2:
+        return alpha
+    sa, sb = (torch.as_tensor(x, dtype=torch.float32) if not isinstance(x, (int, float)) else float(x)
+              for x in alpha)
+    if isinstance(sa, torch.Tensor) and sa.dim() == 1:
+        sa = sa.reshape(-1, 1)
+    if isinstance(sb, torch.Tensor) and sb.dim() == 1:
+        sb = sb.reshape(1, -1)
+    return [sa, sb]
+
+
+def emulate_native(device, a, b, *, scales_a=None, scales_b=None, alpha=None, table=None):
+    """What ``device``'s native GEMM writes for ``a`` [M, K] @ ``b`` [K, N] (decoded values,
+    torch tensors or arrays), bit for bit: the schedule of this shape from ``table``
+    (default: DEFAULT_TABLE), run by fp4ref.gemm.emulate.  ``device``: a device name, or
+    an object with ``.name`` (then an unknown shape is probed on it and recorded).
+    ``alpha``: None or (sa, sb), scalars or [M] / [N] vectors.  Returns float32 [M, N]."""
+    import torch
+    from .gemm import emulate
+    name = device if isinstance(device, str) else getattr(device, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(f"device: expected a device name or an object with .name, got {type(device).__name__}")
+    table = DEFAULT_TABLE if table is None else table
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"a, b: need [M, K] and [K, N], got {tuple(a.shape)} and {tuple(b.shape)}")
+    shape = (int(a.shape[0]), int(b.shape[1]), int(a.shape[1]))
+    entry = table.lookup(name, shape)
+    if entry is None and not isinstance(device, str) and shape_prober() is not None:
+        entry = shape_prober()(device, shape, table=table)
+        table.add(entry)
+    if entry is None:
+        M, N, K = shape
+        raise ValueError(f"shape {shape} is unknown for {name} in this table ({len(table.shapes(name))} "
+                         f"known shape(s) for it); run `fp4ref explain {name} --shape {M},{N},{K}` "
+                         f"on that machine")
+    if not entry.exact:
+        raise ValueError(f"shape {shape}: the schedule recorded for {name} ({short(entry.model)}) matched "
+                         f"{entry.matches} of {entry.checked_outputs} checked outputs, so it is not "
+                         f"bit-exact there (kernels: {', '.join(entry.kernels) or 'unknown'})")
+    sa = None if scales_a is None else torch.as_tensor(scales_a)
+    sb = None if scales_b is None else torch.as_tensor(scales_b)
+    return emulate(entry.model, a, b, scales_a=sa, scales_b=sb,
+                   block=entry.block if sa is not None else None, alpha=alpha_factors(alpha))

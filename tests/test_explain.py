@@ -1,0 +1,222 @@
+"""probes.explain: the schedule a device runs at a shape, inferred from its outputs only.
+
+Oracle: virtual devices with a hidden, randomly drawn shape -> schedule function (split-K
+and promotion group chosen by shape, as cuBLAS does).  Their kernel names are opaque
+hashes, so explain cannot read the answer; the found model must reproduce the device bit
+for bit on a fresh batch at that shape (the simulator against the device's own outputs).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fp4ref.native import ScheduleTable, emulate_native
+from probes.backends.virtual import virtual_device
+from probes.device import Capabilities, DeviceError
+from probes.explain import (boundary_positions, candidate_models, crafted_split_probe, explain_shape,
+                            rank_by_probe, split_candidates)
+from probes.sim import output_bits, simulate_gemm
+from reference.gemm import GemmModel
+from reference.notation import parse_short
+
+BF16 = parse_short("F=16 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE")
+FP8 = parse_short("F=32 align=13:RTZ:esum acc=13:RTZ G=128:RNE alpha=REVERSED out=bfloat16:RNE")
+CAPS = {"bf16": (BF16, Capabilities("bfloat16", "bfloat16", "float32", max_k=16384)),
+        "fp8": (FP8, Capabilities("float8_e4m3fn", "float8_e4m3fn", "bfloat16", alpha="rowwise",
+                                  k_multiple=16, mn_multiple=16, max_k=16384))}
+
+
+def hidden_device(kind: str, seed: int):
+    """A virtual device whose schedule depends on the shape through a hidden random rule:
+    below a drawn M*N threshold and above a drawn K it splits K (a drawn candidate of that
+    K), otherwise it runs the base model.  Kernel names hash the schedule with a secret salt."""
+    base, caps = CAPS[kind]
+    rng = np.random.default_rng(seed)
+    mn_max, k_min, pick = int(rng.integers(64, 2000)), int(rng.integers(32, 400)), int(rng.integers(1 << 30))
+    salt = rng.bytes(8)
+
+    def schedule(M, N, K):
+        if M * N > mn_max or K < k_min:
+            return None
+        cands = list(split_candidates(base, K))
+        return cands[pick % len(cands)] if cands else None
+
+    def names(M, N, K):
+        m = schedule(M, N, K)
+        h = hashlib.sha256(salt + repr(m).encode()).hexdigest()[:12]
+        return [f"virtual_gemm_{h}"]
+    dev = virtual_device(base, caps, f"virtual-hidden-{kind}-{seed}", by_shape=schedule, kernel_names=names)
+    return dev, base, schedule
+
+
+def _fresh_check(dev, model, shape, seed) -> bool:
+    """``model`` against the device on a fresh random batch at ``shape``, every output."""
+    b = dev.draw(*shape, seed + 1000)
+    got = dev.call_tensors(b).double().numpy()
+    np_ = lambda t: None if t is None else t.double().numpy()  # noqa: E731
+    alpha = None if b.alpha is None else tuple(x if isinstance(x, float) else np_(x) for x in b.alpha)
+    exp = simulate_gemm(model, np_(b.a), np_(b.b), alpha=alpha)
+    return np.array_equal(exp, output_bits(got, dev.caps.output))
+
+
+def _shape(kind, rng):
+    if kind == "fp8":
+        return (16 * int(rng.integers(1, 3)), 16 * int(rng.integers(1, 3)), 16 * int(rng.integers(2, 40)))
+    return (int(rng.integers(1, 14)), int(rng.integers(1, 14)), int(rng.integers(8, 640)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_explain_finds_hidden_schedule(seed):
+    kind = ("bf16", "fp8")[seed % 2]
+    dev, base, schedule = hidden_device(kind, seed)
+    rng = np.random.default_rng(seed)
+    shape = _shape(kind, rng)
+    e = explain_shape(dev, shape, base_model=base, seed=seed, outputs=256)
+    assert e.exact, (shape, e)
+    assert e.source == "probe" and e.shape == shape and e.device == dev.name
+    assert _fresh_check(dev, e.model, shape, seed), (shape, e.model, schedule(*shape))
+    hidden = schedule(*shape) or base
+    # the split found is the hidden one whenever the two differ on a fresh batch
+    if e.model.split_k != hidden.split_k:
+        assert _fresh_check(dev, hidden, shape, seed)
+
+
+@settings(max_examples=4)
+@given(st.integers(0, 10_000))
+def test_explain_hypothesis(seed):
+    dev, base, _ = hidden_device("bf16", seed)
+    shape = _shape("bf16", np.random.default_rng(seed))
+    e = explain_shape(dev, shape, base_model=base, seed=seed, outputs=64)
+    assert e.exact and _fresh_check(dev, e.model, shape, seed)
+
+
+def test_crafted_probe_ranks_hidden_split_first():
+    base, caps = CAPS["bf16"]
+    for hidden in (base.replace(split_k=4), base.replace(split_k=3, split_tile=64), base):
+        dev = virtual_device(base, caps, "v", by_shape=lambda M, N, K, h=hidden: h)
+        K = 960
+        cands = candidate_models([base], K)
+        zero = crafted_split_probe(dev, (8, 8, K), boundary_positions(cands, K, 128))
+        ranked = rank_by_probe(cands, K, zero)
+        assert ranked[0].split_k == hidden.split_k, (hidden, ranked[:3])
+
+
+def test_split_candidates_distinct_and_valid():
+    for K in (1, 7, 64, 1000, 4096):
+        c = list(split_candidates(BF16, K))
+        assert len(c) == len(set(c)) and BF16 not in c
+        for m in c:
+            m.plan(K)  # each schedule is valid at this K
+
+
+def test_table_hit_and_kernel_names():
+    dev, base, _ = hidden_device("bf16", 3)
+    t = ScheduleTable()
+    e = explain_shape(dev, (5, 6, 200), base_model=base, table=t, outputs=30)
+    assert len(t) == 1 and e.kernels and e.kernels[0].startswith("virtual_gemm_")
+    again = explain_shape(dev, (5, 6, 200), base_model=base, table=t)
+    assert again.source == "table" and again.model == e.model
+
+
+def test_emulate_native_matches_device_and_probes_on_first_use():
+    dev, base, _ = hidden_device("bf16", 7)
+    t = ScheduleTable()
+    explain_shape(dev, (9, 5, 300), base_model=base, table=t, outputs=45)
+    for shape in ((9, 5, 300), (4, 3, 500)):  # the second is probed on first use (device present)
+        b = dev.draw(*shape, 11)
+        got = dev.call_tensors(b)
+        out = emulate_native(dev, b.a, b.b, table=t)
+        assert torch.equal(out.view(torch.int32), got.view(torch.int32))
+    assert len(t) == 2
+    with pytest.raises(ValueError, match=r"shape \(2, 2, 64\) is unknown for .*fp4ref explain"):
+        emulate_native(dev.name, torch.ones(2, 64), torch.ones(64, 2), table=t)
+
+
+def test_emulate_native_rowwise_alpha_bit_exact():
+    dev, base, _ = hidden_device("fp8", 2)
+    t = ScheduleTable()
+    explain_shape(dev, (16, 32, 320), base_model=base, table=t, outputs=128)
+    b = dev.draw(16, 32, 320, 5)
+    got = dev.call_tensors(b)
+    out = emulate_native(dev.name, b.a, b.b, alpha=b.alpha, table=t)
+    assert torch.equal(out.view(torch.int32), got.view(torch.int32))
+
+
+def test_device_tensor_calls_default_path():
+    base, caps = CAPS["fp8"]
+    dev = virtual_device(base, caps, "v8")
+    b = dev.draw(16, 16, 32, 0)
+    assert b.shape == (16, 16, 32) and b.a.dtype == torch.float64 and dev.kernels(b) == []
+    with pytest.raises(DeviceError, match="multiples of 16"):
+        dev.draw(15, 16, 32, 0)
+    with pytest.raises(ValueError, match="K: must be an integer"):
+        dev.draw(16, 16, 0, 0)
+
+
+def test_explain_bad_inputs():
+    dev, base, _ = hidden_device("bf16", 1)
+    with pytest.raises(ValueError, match="shape"):
+        explain_shape(dev, (1, 2), base_model=base)
+    with pytest.raises(TypeError, match="base_model"):
+        explain_shape(dev, (1, 2, 3), base_model="bf16")
+    assert isinstance(base, GemmModel)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cuda-cublas-bfloat16", "cuda-scaled_mm-e4m3-tensorwise-fast-float32"])
+def test_explain_cuda(name):
+    from probes.backends import detect
+    found = detect(include=lambda s: s.name == name)
+    if not found or found[0].device is None:
+        pytest.skip(f"{name} not available here")
+    dev = found[0].device
+    base = {"cuda-cublas-bfloat16": BF16,
+            "cuda-scaled_mm-e4m3-tensorwise-fast-float32":
+                parse_short("F=32 align=13:RTZ:esum acc=13:RTZ G=- out=float32:RNE")}[name]
+    b = dev.draw(64, 48, 256, 0)
+    out = dev.call_tensors(b)
+    assert out.dtype == torch.float32 and out.shape == (64, 48) and out.is_cuda
+    assert any("gemm" in k.lower() or "kernel" in k.lower() for k in dev.kernels(b))
+    e = explain_shape(dev, (64, 48, 256), base_model=base, outputs=1024)
+    assert e.checked_outputs == 1024 and e.kernels
+
+
+def test_out_of_family_shape_is_reported_not_exact():
+    base, caps = CAPS["bf16"]
+    dev = virtual_device(base, caps, "v-pairwise", by_shape=lambda M, N, K: "pairwise" if K == 96 else None)
+    t = ScheduleTable()
+    e = explain_shape(dev, (6, 5, 96), base_model=base, table=t, outputs=30, budget_s=5)
+    assert not e.exact and e.matches < e.checked_outputs == 30
+    b = dev.draw(6, 5, 96, 1)
+    with pytest.raises(ValueError, match="not bit-exact"):
+        emulate_native(dev.name, b.a, b.b, table=t)
+
+
+def test_explain_reuses_a_given_batch():
+    dev, base, _ = hidden_device("bf16", 4)
+    b = dev.draw(7, 6, 300, 9)
+    calls = dev.calls
+    e = explain_shape(dev, (7, 6, 300), base_model=base, batch=b, native=dev.call_tensors(b), outputs=42)
+    assert e.exact
+    assert dev.calls - calls >= 1  # the native call above, then only crafted probes
+    with pytest.raises(ValueError, match="batch: shape"):
+        explain_shape(dev, (7, 6, 301), base_model=base, batch=b)
+
+
+def test_cublaslt_heuristic_never_raises():
+    from probes.explain import cublaslt_heuristic
+    assert "error" in cublaslt_heuristic("cpu-torch-fp32", (8, 8, 64))
+    h = cublaslt_heuristic("cuda-cublas-bfloat16", (64, 1920, 5760))
+    assert "error" in h or isinstance(h["split_k"], int)
+
+
+@pytest.mark.gpu
+def test_cublaslt_heuristic_reads_an_algorithm():
+    from probes.explain import cublaslt_heuristic
+    h = cublaslt_heuristic("cuda-cublas-bfloat16", (64, 1920, 5760))
+    assert "error" not in h and h["split_k"] >= 1, h
