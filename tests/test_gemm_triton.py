@@ -1,7 +1,8 @@
 """fp4ref.gemm_triton.blockscaled_mm == reference.gemm (the exact reference, decoded by
 reference.formats), bit for bit, on sampled outputs.  Not fp4ref.gemm.emulate: blockscaled_mm
-computes its FIX tiles and special rows with emulate, so comparing with it would check the
-emulator against itself there.  Each test also asserts which routes (PAIR / BLOCK / WIDE / FIX
+computes its FIX tiles with emulate, so comparing with it would check the emulator against
+itself there (special rows / columns are decided by counts, fixup.special_values: checked
+against emulate in tests/test_gemm_triton_specials.py; the reference stays their oracle here).  Each test also asserts which routes (PAIR / BLOCK / WIDE / FIX
 tiles,
 ``route_stats``) it exercised, forced (``force=``) or chosen by the routing.
 

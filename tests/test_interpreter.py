@@ -16,9 +16,10 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = ["tests/test_gemm_triton.py", "tests/test_gemm_triton_wide.py", "tests/test_triton_quant_flat.py",
-           "tests/test_triton_current_scaling.py", "tests/test_public_quant_fast.py",
-           "tests/test_chain_triton.py"]
+MODULES = ["tests/test_gemm_triton.py", "tests/test_gemm_triton_wide.py",
+           "tests/test_triton_quant_flat.py", "tests/test_triton_current_scaling.py",
+           "tests/test_public_quant_fast.py", "tests/test_chain_triton.py",
+           "tests/test_gemm_emulator.py"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the compiled kernels run in-process")

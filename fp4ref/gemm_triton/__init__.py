@@ -50,14 +50,16 @@ that is the model's own rounding):
   (libdevice __nv_fadd_rz on GPU; an exact TwoSum-based emulation otherwise).
 * decoded_fp32: acc = fma(a*s_a, b*s_b, acc) per k in order; the product is an
   exact FP32 value, so the FMA is the FP32 RNE add of the reference.
-* Everything the kernels do not cover (non-finite scales, MX exponents out of range, forced
-  FIX, flagged WIDE tiles) is recomputed by the exact torch emulator
-  ``fp4ref.gemm.emulate``; lattice and alpha are applied afterwards in FP32
+* Rows / columns with a non-finite scale: decided by counts of NaN, +Inf and -Inf products
+  (``fixup.special_values``: a few indicator matmuls, no sequential emulation).  What else
+  the kernels do not cover (MX exponents out of range, forced FIX, flagged WIDE tiles) is
+  recomputed by the exact torch emulator ``fp4ref.gemm.emulate``; lattice and alpha are
+  applied afterwards in FP32
   (exact IEEE ops, or the emulator's exact products for non-FP32 alpha).
 
 The steps, one module each: ``decode`` (checks, codes -> exact bf16 operands),
 ``certify`` (pair certificate, special rows), ``route`` (tile -> PAIR / BLOCK / WIDE / FIX),
-``launch`` (the kernels, ``kernels.py``), ``fixup`` (exact emulator), ``epilogue``
+``launch`` (the kernels, ``kernels.py``), ``fixup`` (special rows / columns by counts of non-finite products, FIX tiles by the exact emulator), ``epilogue``
 (lattice, alpha); ``driver.prepare`` runs them in order, ``options`` holds the accepted
 choices, ``tables`` the per-code lookup tables.
 

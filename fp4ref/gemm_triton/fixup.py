@@ -19,9 +19,12 @@ finite intermediate that overflowed to +-Inf.  No finite intermediate overflows 
 K * max|finite product| * (1 + 2**-f)**(3K + 8) < 2**127 (each of at most 3K + 8 roundings to
 f fraction bits grows a magnitude by at most that factor; the IEEE overflow threshold is above
 2**127): then the output is NaN if a product is NaN or both infinities occur, else the Inf of
-the present sign.  Outputs failing the bound (huge MX scales) keep the emulator."""
+the present sign.  A NaN product, or both infinities, give NaN even with overflows (NaN absorbs
+every later step).  Outputs with Inf products only that fail the bound keep the emulator
+(UE5M3, the only Inf scale: max finite scale 61440, so only for K above 2**89)."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -33,10 +36,11 @@ from reference.gemm import GemmModel, ScalePoint
 from .decode import Operand
 from .options import Route
 
-__all__ = ["Specials", "specials", "fixup", "special_values", "METHODS"]
+__all__ = ["Specials", "specials", "fixup", "special_values", "counts_apply", "METHODS"]
 
 METHODS = ("counts", "emulate")   # how special rows / columns are recomputed
-_CHUNK = 2048                     # K per count matmul: 4 * 2048 < 2**24, exact float32 sums
+_LIMIT = 2.0 ** 127               # finite intermediates stay below this: no overflow to Inf
+_CHUNK = 1 << 22                  # elements of one side per count chunk (its gathers: 8 floats each)
 
 
 class Specials(NamedTuple):
@@ -106,21 +110,11 @@ def counts_apply(model: GemmModel, K: int) -> bool:
             and model.align_bits is None and model.output == "float32" and K < 2 ** 40)
 
 
-class _Classes(NamedTuple):
-    """0/1 float32 indicators per element [R, K] of one operand's factor x_k = v_k * s_b(k)."""
-    G: torch.Tensor    # no NaN from this side alone (not: NaN scale, or Inf scale times v = 0)
-    I: torch.Tensor    # Inf scale, v != 0
-    Z: torch.Tensor    # finite, zero (v = 0 or scale 0)
-    IP: torch.Tensor   # Inf factor, positive
-    IM: torch.Tensor
-    FP: torch.Tensor   # finite nonzero factor, positive
-    FM: torch.Tensor
-
-
-def _classes(v: torch.Tensor, sc: torch.Tensor, block: int, k0: int, k1: int) -> _Classes:
-    """Of values ``v`` [R, K] and scales ``sc`` [R, K / block], columns k0:k1."""
-    v = v[:, k0:k1]
-    s = sc[:, k0 // block:k1 // block].repeat_interleave(block, 1)
+def _indicators(v: torch.Tensor, s: torch.Tensor) -> list:
+    """0/1 indicators of one side's factor x = v * s (v: e2m1 value, s: its block scale):
+    G (no NaN from this side alone: not a NaN scale, not an Inf scale times v = 0), I (Inf
+    scale, v != 0), Z (finite and zero: v = 0 or s = 0), IP / IM (I, positive / negative),
+    FP / FM (finite nonzero, positive / negative)."""
     nan, inf = torch.isnan(s), torch.isinf(s)
     vz = v == 0
     fin = ~nan & ~inf
@@ -128,20 +122,61 @@ def _classes(v: torch.Tensor, sc: torch.Tensor, block: int, k0: int, k1: int) ->
     I = inf & ~vz
     F = fin & ~Z
     neg = torch.signbit(v) ^ torch.signbit(s)
-
-    def f(x):
-        return x.to(torch.float32)
-    return _Classes(f(I | Z | F), f(I), f(Z), f(I & ~neg), f(I & neg), f(F & ~neg), f(F & neg))
+    return [I | Z | F, I, Z, I & ~neg, I & neg, F & ~neg, F & neg]
 
 
-def _counts(L: _Classes, R: _Classes):
-    """Per output [r, c]: (products not NaN, +Inf products, -Inf products), float32 exact
-    (integers below 2**24: entries in {-1, 0, 1, 2}, K <= _CHUNK terms per stack)."""
-    mm = torch.matmul
-    good = mm(torch.cat((L.G, L.I, L.Z), 1), torch.cat((R.G, -R.Z, -R.I), 1).t())
-    P = torch.cat((L.IP, L.IM, L.FP, L.FM), 1)
-    pinf = mm(P, torch.cat((R.IP + R.FP, R.IM + R.FM, R.IP, R.IM), 1).t())
-    ninf = mm(P, torch.cat((R.IM + R.FM, R.IP + R.FP, R.IM, R.IP), 1).t())
+@functools.lru_cache(maxsize=8)
+def _tables(dev: torch.device) -> tuple:
+    """Per element class (6 scale kinds x v's sign x v = 0, ``_kind``): float32 rows to gather.
+    Output (i, j), summed over k: L3 . R3 = products not NaN, L4 . R4[0] = +Inf products,
+    L4 . R4[1] = -Inf products (pairs (I, Z) and (Z, I) are Inf * 0 = NaN)."""
+    s = torch.tensor([1.0, -1.0, 0.0, math.inf, -math.inf, math.nan]).repeat_interleave(4)
+    v = torch.tensor([1.0, 0.0, -1.0, -0.0]).repeat(6)
+    G, I, Z, IP, IM, FP, FM = (x.to(torch.float32) for x in _indicators(v, s))
+    L3 = torch.stack((G, I, Z), 1)
+    R3 = torch.stack((G, -Z, -I), 1)
+    L4 = torch.stack((IP, IM, FP, FM), 1)
+    R4 = torch.stack((torch.stack((IP + FP, IM + FM, IP, IM), 1),
+                      torch.stack((IM + FM, IP + FP, IM, IP), 1)))
+    return tuple(t.to(dev) for t in (L3, R3, L4, R4))
+
+
+def _kind(v: torch.Tensor, sc: torch.Tensor, block: int) -> torch.Tensor:
+    """int32 class per element [R, K] (``_tables``' row): scale kind * 4 + sign(v) * 2 + (v = 0);
+    scale kinds 0 / 1 finite nonzero +/-, 2 zero, 3 / 4 +/-Inf, 5 NaN."""
+    sg = torch.signbit(sc).long()
+    sk = torch.where(torch.isnan(sc), 5, torch.where(torch.isinf(sc), 3 + sg,
+                                                     torch.where(sc == 0, 2, sg)))
+    k = sk.repeat_interleave(block, 1) * 4 + torch.signbit(v).long() * 2 + (v == 0).long()
+    return k.to(torch.int32)
+
+
+def _counts(kl: torch.Tensor, kr: torch.Tensor, tabs):
+    """float32 [r, c] (products not NaN, +Inf products, -Inf products) over the columns of the
+    class chunks kl [r, k], kr [c, k]; exact: entries in {-1, 0, 1}, at most 4k <= 2**22 terms,
+    so every partial sum is an integer below 2**24."""
+    L3, R3, L4, R4 = tabs
+    r, c = kl.shape[0], kr.shape[0]
+    good = L3[kl].view(r, -1) @ R3[kr].view(c, -1).t()
+    inf = L4[kl].view(r, -1) @ R4[:, kr].view(2 * c, -1).t()
+    return good, inf[:, :c], inf[:, c:]
+
+
+def _count_all(va, sa, vb, sb, block: int):
+    """float64 [r, c] counts of ``_counts`` over all of K (values va [r, K], vb [c, K], scales
+    sa, sb), in chunks of K of about _CHUNK elements of the larger side (bounded memory)."""
+    r, c, K = va.shape[0], vb.shape[0], va.shape[1]
+    tabs = _tables(va.device)
+    good = torch.zeros(r, c, dtype=torch.float64, device=va.device)
+    pinf, ninf = good.clone(), good.clone()
+    step = min(max(block, _CHUNK // max(1, r, c) // block * block), 1 << 20)  # sums < 2**24
+    for k0 in range(0, K, step):
+        k1, b0, b1 = k0 + step, k0 // block, (k0 + step) // block
+        g, p, n = _counts(_kind(va[:, k0:k1], sa[:, b0:b1], block),
+                          _kind(vb[:, k0:k1], sb[:, b0:b1], block), tabs)
+        good += g
+        pinf += p
+        ninf += n
     return good, pinf, ninf
 
 
@@ -164,21 +199,14 @@ def special_values(model: GemmModel, A: Operand, B: Operand, block: int, ri: tor
     if not counts_apply(model, K):
         return em(ri, ci)
     va, sa, vb, sb = A.values(ri), A.scales[ri], B.values(ci), B.scales[ci]
-    good = torch.zeros(ri.numel(), ci.numel(), dtype=torch.float64, device=va.device)
-    pinf, ninf = good.clone(), good.clone()
-    step = max(block, _CHUNK // block * block)
-    for k0 in range(0, K, step):
-        k1 = min(K, k0 + step)
-        g, p, n = _counts(_classes(va, sa, block, k0, k1), _classes(vb, sb, block, k0, k1))
-        good += g
-        pinf += p
-        ninf += n
+    good, pinf, ninf = _count_all(va, sa, vb, sb, block)
     nan = (good < K) | ((pinf > 0) & (ninf > 0))
     out = torch.where(nan, math.nan, torch.where(pinf > 0, math.inf, -math.inf)).to(torch.float32)
     f = model.acc_frac_bits
     growth = math.exp(min(700.0, (3 * K + 8) * 2.0 ** -f)) * (1 + 1e-9)
     big = (K * growth) * _row_bound(va, sa, block)[:, None] * _row_bound(vb, sb, block)[None, :]
-    undecided = (big >= 2.0 ** 127) | (~nan & (pinf == 0) & (ninf == 0))
+    # a NaN product, or both infinities, decide NaN whatever overflows (NaN absorbs)
+    undecided = ~nan & ((big >= _LIMIT) | ((pinf == 0) & (ninf == 0)))
     if bool(undecided.any()):   # outside the proof: the emulator on the rows x columns hit
         r = undecided.any(1).nonzero().squeeze(1)
         cc = undecided.any(0).nonzero().squeeze(1)
