@@ -22,7 +22,7 @@ from typing import Callable
 from reference.gemm import GemmModel
 from reference.notation import from_dict, short, to_dict
 
-__all__ = ["ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
+__all__ = ["KLayout", "residue_first", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
            "emulate_native", "register_shape_prober", "shape_prober", "alpha_factors", "cublaslt_library",
            "DEFAULT_TABLE"]
 
@@ -38,6 +38,62 @@ def _shape(shape) -> tuple:
     if len(t) != 3 or min(t) < 1 or any(isinstance(x, bool) for x in shape):
         raise ValueError(f"shape: expected (M, N, K), three integers >= 1, got {shape!r}")
     return t
+
+
+def residue_first(K: int, k_tile: int, split_k: int = 1, split_align: int = 1):
+    """(index, slice lengths) of a kernel that cuts K into ``split_k`` slices (each but the
+    last ceil(K / split_k) rounded up to ``split_align``) and reads each slice in k-tiles of
+    ``k_tile`` with the partial tile FIRST, zero-filled to a whole tile (CUTLASS 2.x
+    kernels at unaligned K: the residue is loaded in the first iteration).  index[j] is the k
+    of padded position j, -1 where the kernel multiplies a zero fill; the family model then
+    runs on operands gathered by that index, slices of the returned (padded) lengths."""
+    import numpy as np
+    from reference.schedule import split_bounds
+    bounds = split_bounds(K, split_k, split_align) if K else [(0, 0)]
+    parts, lens = [], []
+    for lo, hi in bounds:
+        r = (hi - lo) % k_tile
+        if r:  # the partial tile leads, zero-filled to a whole tile
+            parts += [np.arange(lo, lo + r), np.full(k_tile - r, -1), np.arange(lo + r, hi)]
+        else:
+            parts.append(np.arange(lo, hi))
+        lens.append(hi - lo + (k_tile - r if r else 0))
+    return np.concatenate(parts).astype(np.int64), lens
+
+
+@dataclass(frozen=True)
+class KLayout:
+    """How a kernel orders K (``residue_first``): k-tiles of ``k_tile``, the partial one
+    first, in ``split_k`` slices rounded up to ``split_align``.  ``pad(a, b)`` gives the
+    operands the schedule's model runs on (zero products are neutral in every fused step,
+    and the hardware multiplies the same zero fill, -0 sums included)."""
+    k_tile: int
+    split_k: int = 1
+    split_align: int = 1
+
+    def pad(self, a, b):
+        """(a', b'): ``a`` [.., K] and ``b`` [K, ..] (tensors) with the zero fill inserted."""
+        import torch
+        index, _ = residue_first(int(a.shape[1]), self.k_tile, self.split_k, self.split_align)
+        if (index >= 0).all():
+            return a, b
+        keep = torch.as_tensor(index.clip(min=0), device=a.device)
+        zero = torch.as_tensor(index < 0, device=a.device)
+        pa = torch.where(zero.reshape(1, -1), torch.zeros((), dtype=a.dtype, device=a.device),
+                         a.index_select(1, keep))
+        pb = torch.where(zero.reshape(-1, 1).to(b.device), torch.zeros((), dtype=b.dtype, device=b.device),
+                         b.index_select(0, keep.to(b.device)))
+        return pa, pb
+
+    def model(self, base: GemmModel, K: int) -> GemmModel:
+        """``base`` with the padded slices of a length-K dot as its split-K schedule."""
+        _, lens = residue_first(K, self.k_tile, self.split_k, self.split_align)
+        if len(lens) == 1:
+            return base.replace(split_k=1, split_tile=None)
+        return base.replace(split_k=len(lens), split_tile=lens[0])
+
+    def to_dict(self) -> dict:
+        return {"k_tile": self.k_tile, "split_k": self.split_k, "split_align": self.split_align}
 
 
 @dataclass(frozen=True)
@@ -57,6 +113,7 @@ class ShapeSchedule:
     wall_s: float = 0.0
     block: int | None = None
     env: dict = field(default_factory=dict, compare=False, hash=False)
+    layout: KLayout | None = None   # None: the model runs on the operands as given
 
     def __post_init__(self):
         object.__setattr__(self, "shape", _shape(self.shape))
@@ -76,14 +133,15 @@ class ShapeSchedule:
                 "short": short(self.model), "kernels": list(self.kernels), "family": self.family,
                 "source": self.source, "checked_outputs": int(self.checked_outputs),
                 "matches": int(self.matches), "wall_s": round(float(self.wall_s), 4),
-                "block": self.block, "env": dict(self.env)}
+                "block": self.block, "env": dict(self.env),
+                "layout": None if self.layout is None else self.layout.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShapeSchedule":
         return cls(d["device"], tuple(d["shape"]), from_dict(d["model"]), tuple(d.get("kernels", ())),
                    d.get("family", ""), d.get("source", "probe"), int(d.get("checked_outputs", 0)),
                    int(d.get("matches", 0)), float(d.get("wall_s", 0.0)), d.get("block"),
-                   dict(d.get("env") or {}))
+                   dict(d.get("env") or {}), KLayout(**d["layout"]) if d.get("layout") else None)
 
     def replace(self, **kw) -> "ShapeSchedule":
         from dataclasses import replace
@@ -304,5 +362,10 @@ def emulate_native(device, a, b, *, scales_a=None, scales_b=None, alpha=None, ta
                          f"bit-exact there (kernels: {', '.join(entry.kernels) or 'unknown'})")
     sa = None if scales_a is None else torch.as_tensor(scales_a)
     sb = None if scales_b is None else torch.as_tensor(scales_b)
+    if entry.layout is not None:
+        if sa is not None or sb is not None:
+            raise ValueError(f"scales_a, scales_b: the schedule of {name} at {shape} reorders K "
+                             f"(k-tiles of {entry.layout.k_tile}); block scales are not supported there")
+        a, b = entry.layout.pad(a, b)
     return emulate(entry.model, a, b, scales_a=sa, scales_b=sb,
                    block=entry.block if sa is not None else None, alpha=alpha_factors(alpha))

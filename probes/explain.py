@@ -237,24 +237,48 @@ def _same(x, y) -> int:
     return int(eq.sum())
 
 
+def layout_candidates(device_name: str, kernels, K: int, output: str) -> list:
+    """(model, KLayout) pairs of the kernel rows that reorder K (residue-first k-tiles), one
+    per distinct split-K slicing (probes.kernels.split_counts); [] without such rows."""
+    try:
+        from .kernels import kernel_klayout, kernel_models, split_counts
+    except ImportError:
+        return []
+    out = []
+    for row in kernel_models(device_name, list(kernels)):
+        if row.k_tile:
+            for S in split_counts(row, K):
+                lay = kernel_klayout(row, S)
+                out.append((lay.model(row.gemm_model, K).replace(output=output), lay))
+    return out
+
+
+def _padded(b: Batch, lay) -> Batch:
+    if lay is None:
+        return b
+    a2, b2 = lay.pad(b.a, b.b)
+    return Batch(a2, b2, b.scales_a, b.scales_b, b.alpha, None, b.kind)
+
+
 def _search(cands: list, sub: Batch, want, caps, t_end: float) -> tuple:
-    """(model, matches): the first candidate that passes both simulator screens and the
-    emulated confirmation on every sampled output; else the best confirmed one; else
-    (None, -1).  Stops at ``t_end``."""
+    """(model, layout, matches): the first candidate (a model, or a (model, KLayout) pair)
+    that passes both simulator screens and the emulated confirmation on every sampled
+    output; else the best confirmed one; else (None, None, -1).  Stops at ``t_end``."""
     screens = [(_sub(sub, slice(0, w), slice(0, w)), output_bits(_np(want[:w, :w]), caps.output))
                for w in SCREEN]
-    best, best_n = None, -1
-    for m in cands:
+    best, best_lay, best_n = None, None, -1
+    for c in cands:
+        m, lay = c if isinstance(c, tuple) else (c, None)
         if time.perf_counter() > t_end:
             break
-        if not all(np.array_equal(_simulate(m, x, caps.block), k) for x, k in screens):
+        if not all(np.array_equal(_simulate(m, _padded(x, lay), caps.block), k) for x, k in screens):
             continue
-        n = _same(_emulate(m, sub, caps.block), want)
+        n = _same(_emulate(m, _padded(sub, lay), caps.block), want)
         if n > best_n:
-            best, best_n = m, n
+            best, best_lay, best_n = m, lay, n
         if n == want.numel():
             break
-    return best, best_n
+    return best, best_lay, best_n
 
 
 def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleTable | None = None,
@@ -308,14 +332,18 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     except DeviceError:
         zero = None
     cands = rank_by_probe(cands, K, zero)
+    if dev.caps.block is None:  # kernels that reorder K come first: the most specific answer
+        cands = layout_candidates(dev.name, kernels, K, out_fmt) + cands
     r, c = _sample(M, N, outputs, g, batch.a.device)
     sub, want = _sub(batch, r, c), got[r][:, c]
-    best, best_n = _search(cands, sub, want, dev.caps, t0 + budget_s)
+    best, lay, best_n = _search(cands, sub, want, dev.caps, t0 + budget_s)
     if best is None:  # nothing passed the screens: report how well the first candidate does
-        best = cands[0] if cands else bases[0].replace(split_k=1, split_tile=None)
-        best_n = _same(_emulate(best, sub, dev.caps.block), want)
+        first = cands[0] if cands else bases[0].replace(split_k=1, split_tile=None)
+        best, lay = first if isinstance(first, tuple) else (first, None)
+        best_n = _same(_emulate(best, _padded(sub, lay), dev.caps.block), want)
     entry = ShapeSchedule(dev.name, shape, best, tuple(kernels), family, "probe", int(want.numel()),
-                          best_n, time.perf_counter() - t0, dev.caps.block, environment_key(dev.name))
+                          best_n, time.perf_counter() - t0, dev.caps.block, environment_key(dev.name),
+                          layout=lay)
     if table is not None:
         table.add(entry)
     return entry

@@ -110,8 +110,9 @@ def compare_bits(native, emulated):
     return (nb == eb) | (torch.isnan(native) & torch.isnan(emulated))
 
 
-def _emulate_sampled(model, batch, rows, cols, block):
-    """fp4ref.gemm.emulate of the rows x cols block of outputs, on the batch's device."""
+def _emulate_sampled(model, batch, rows, cols, block, layout=None):
+    """fp4ref.gemm.emulate of the rows x cols block of outputs, on the batch's device
+    (``layout``: the schedule's K order, fp4ref.native.KLayout, applied first)."""
     import torch
     from fp4ref.gemm import emulate
     dev = batch.a.device
@@ -122,7 +123,10 @@ def _emulate_sampled(model, batch, rows, cols, block):
     alpha = None
     if batch.alpha is not None:
         alpha = [_alpha_part(batch.alpha[0], r, (-1, 1)), _alpha_part(batch.alpha[1], c, (1, -1))]
-    return emulate(model, batch.a[r], batch.b[:, c], scales_a=sa, scales_b=sb, block=block, alpha=alpha)
+    a, b = batch.a[r], batch.b[:, c]
+    if layout is not None:
+        a, b = layout.pad(a, b)
+    return emulate(model, a, b, scales_a=sa, scales_b=sb, block=block, alpha=alpha)
 
 
 def _alpha_part(x, idx, shape):
@@ -159,7 +163,7 @@ def _one_shape(dev, shape, base_model, table, seed, outputs, explain) -> dict:
     sched = explain(dev, tuple(shape), base_model=base_model, table=table, seed=seed + 1)
     kernels = list(sched.kernels) or dev.kernels(batch)
     rows, cols = sample_grid(M, N, outputs, np.random.default_rng(seed + 2))
-    emulated = _emulate_sampled(sched.model, batch, rows, cols, dev.caps.block).cpu()
+    emulated = _emulate_sampled(sched.model, batch, rows, cols, dev.caps.block, sched.layout).cpu()
     sub = native.to(torch.float32)[torch.as_tensor(rows, device=native.device)][
         :, torch.as_tensor(cols, device=native.device)].cpu()
     eq = compare_bits(sub, emulated)

@@ -220,3 +220,34 @@ def test_cublaslt_heuristic_reads_an_algorithm():
     from probes.explain import cublaslt_heuristic
     h = cublaslt_heuristic("cuda-cublas-bfloat16", (64, 1920, 5760))
     assert "error" not in h and h["split_k"] >= 1, h
+
+
+# --- kernels that reorder K (residue-first k-tiles, probes.kernels) ---------------------------
+
+@pytest.mark.parametrize("K,S", [(1000, 1), (2872, 13), (4131, 3)])
+def test_residue_first_kernel_found_and_emulated(K, S):
+    """A device computing like the H200's cutlass_75 s1688 bf16 kernel (partial k-tile first,
+    S slices rounded to 8) reporting that kernel's name: explain finds (model, KLayout) and
+    emulate_native reproduces a fresh batch bit for bit.  Oracle: the device runs
+    simulate_gemm on probes.kernels.kernel_operands' padded operands."""
+    from probes.device import Device, TensorOps
+    from probes.kernels import kernel_models, kernel_operands
+    name = "void cutlass::Kernel2<cutlass_75_tensorop_s1688gemm_bf16_256x128_nn_align1>(Params)"
+    row = kernel_models("cuda-cublas-bfloat16", [name])[0]
+    caps = Capabilities("bfloat16", "bfloat16", "float32", max_k=16384)
+
+    def fn(a, b, **_):
+        a2, b2, m = kernel_operands(row, a, b, S)
+        from probes.sim import bits_to_float
+        return bits_to_float(simulate_gemm(m, a2, b2), "float32")
+    dev = Device("cuda-cublas-bfloat16", "virtual residue-first", "virtual", caps, fn,
+                 tensors=TensorOps(kernels=lambda batch: [name]))
+    table = ScheduleTable()
+    e = explain_shape(dev, (9, 7, K), base_model=BF16, table=table, outputs=63, budget_s=60)
+    assert e.exact and e.layout is not None and e.layout.k_tile == row.k_tile, e
+    b = dev.draw(9, 7, K, 77)
+    got = dev.call_tensors(b)
+    emu = emulate_native("cuda-cublas-bfloat16", b.a, b.b, table=table)
+    assert torch.equal(got.float().view(torch.int32), emu.view(torch.int32))
+    again = ScheduleTable.from_dict(table.to_dict())   # the layout survives the table file
+    assert again.lookup("cuda-cublas-bfloat16", (9, 7, K)).layout == e.layout

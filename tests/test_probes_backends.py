@@ -134,3 +134,16 @@ def test_cpu_bf16_fits_and_validates_or_says_why_not():
     else:
         assert res.status == "no_fit"
         assert any("contradicted by probe" in n for n in res.notes)
+
+
+def test_triton_fp8_devices_include_imprecise_zero():
+    """max_num_imprecise_acc = 0 is its own device (issue 13), next to unset / 32 / 64 / 128;
+    without CUDA (or Triton) building it says why instead of crashing."""
+    from probes.backends import NotAvailable
+    from probes.backends.triton_fp8 import candidates
+    specs = {s.name: s for s in candidates()}
+    assert sorted(specs) == sorted(f"triton-dot-e4m3-imprecise-{t}" for t in ("unset", "0", "32", "64", "128"))
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        with pytest.raises(NotAvailable):
+            specs["triton-dot-e4m3-imprecise-0"].build()

@@ -1,7 +1,9 @@
-"""Triton ``tl.dot`` on FP8 e4m3 with max_num_imprecise_acc unset, 32, 64 and 128.
+"""Triton ``tl.dot`` on FP8 e4m3 with max_num_imprecise_acc unset, 0, 32, 64 and 128.
 
 A small tiled matmul: 64 x 64 output tiles, BK = 128 along K, FP32 accumulator carried
 through the K loop as ``tl.dot(a, b, acc)``.  B is stored K-contiguous ([N, K]).
+0 is passed to ``tl.dot`` as given (issue 13: its own device; unset is not 0 -- Triton
+substitutes its sm_90 default for an unset value).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from . import NotAvailable, Spec
 
 __all__ = ["candidates", "IMPRECISE"]
 
-IMPRECISE = (None, 32, 64, 128)
+IMPRECISE = (None, 0, 32, 64, 128)
 BM = BN = 64
 BK = 128
 _KERNEL = None
