@@ -45,7 +45,9 @@ How exactness is kept (no float shortcut is ever trusted):
   products whose operands are small integers (times per-row/column powers of
   two) is summed by a float64 matmul, exact because every partial sum is an
   integer below 2**53; (2) FP32-RNE sequential accumulation of products that
-  are exact FP32 values is a native FP32 add (IEEE add is correctly rounded).
+  are exact FP32 values is a native FP32 add (IEEE add is correctly rounded); (3) the
+  fused-FMA family with an FP32 accumulator (``fp4ref.gemm_fast``: products, exponents and
+  lanes of groups / split-K slices at once, a thin float64 recurrence per fused step).
 
 Input domain: finite values and IEEE specials of float16/bfloat16/float32/
 float64 tensors; the operand, scale (and product_format) significand widths must
@@ -67,12 +69,14 @@ from reference.gemm import (PRESETS, AlphaMode, GemmModel, Schedule,
 from reference.rounding import Mode, Overflow, Subnormal
 from reference.schedule import Operand, ScaleAt
 
+from .gemm_fast import fast_reason, fast_totals, operands_reason
 from .gridround import GridFormat, bit_length, round_int, shift_round, trailing_zeros
 
 __all__ = ["emulate", "round_float", "apply_alpha", "GemmModel", "PRESETS", "get_preset", "INPUT_DTYPES"]
 
 INPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 _I64 = torch.int64
+_FAST_PATHS = {"auto": "auto", "fast_torch": "torch", "fast_triton": "triton"}  # -> gemm_fast backend
 _W = 30                      # limb width of the wide accumulator
 _MASK = (1 << _W) - 1
 _BIG = 1 << 40               # exponent sentinel (far outside every real exponent)
@@ -564,10 +568,12 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
     broadcastable to [M, N], or a list of such factors (combined per
     ``model.alpha_mode``).  Returns float32 [M, N] (outputs of narrower formats are
     exact float32 values).  ``_paths`` (tests only): "auto", "generic" (no fast
-    paths) or "limbs" (generic, and every exact sum through the limb accumulator).
+    paths), "limbs" (generic, and every exact sum through the limb accumulator),
+    "fast_torch" / "fast_triton" (auto, with ``fp4ref.gemm_fast``'s recurrences in torch /
+    in Triton: CUDA, or TRITON_INTERPRET=1).
     """
     model = _check_model(model)
-    check_choice("_paths", _paths, ("auto", "generic", "limbs"))
+    check_choice("_paths", _paths, ("auto", "generic", "limbs") + tuple(_FAST_PATHS)[1:])
     plan = _check_operands(model, a, b, scales_a, scales_b, block)
     M, Nn, dev = a.shape[0], b.shape[1], a.device
     factors = _alpha_factors(alpha, M, Nn, dev)
@@ -575,6 +581,10 @@ def emulate(model, a: torch.Tensor, b: torch.Tensor, *, scales_a=None, scales_b=
     if model.mma_family and get_format(model.output).has_nan:
         a, b, scales_a, scales_b, nan_out = _nan_prepass(a, b, scales_a, scales_b)
     blocked = plan.scales is not ScaleAt.NONE
+    if _paths in _FAST_PATHS and nan_out is None:
+        fast = _fast_emulate(model, plan, a, b, factors, _FAST_PATHS[_paths])
+        if fast is not None:
+            return fast
     A, B = _from_float(a), _from_float(b)
     SA = _from_float(scales_a) if blocked else None
     SB = _from_float(scales_b) if blocked else None
@@ -962,14 +972,7 @@ class _Ctx:
         return self.plan.run(_EmuArithmetic(self, A, SA, R))
 
     def _finish_rows(self, total: _V, r0, r1, factors) -> torch.Tensor:
-        m = self.m
-        c = total
-        if m.lattice is not None:
-            c = self._lattice(c)
-        if factors:
-            c = self._alpha(c, [f.reshape(-1) for f in factors])
-        c = _round_value(c, _fmt(m.output), m.output_mode)
-        return _to_float(c).to(torch.float32).reshape(r1 - r0, self.Nn)
+        return _epilogue(self.m, total, factors).reshape(r1 - r0, self.Nn)
 
     def _group(self, A, SA, g, acc: _V) -> _V:
         m = self.m
@@ -1031,6 +1034,32 @@ class _EmuArithmetic:
 # ---------------------------------------------------------------------------
 # the epilogue: lattice, alpha
 # ---------------------------------------------------------------------------
+def _epilogue(m: GemmModel, c: _V, factors) -> torch.Tensor:
+    """The FP32 sums ``c`` through lattice, alpha and the output rounding: float32, flat."""
+    if m.lattice is not None:
+        c = _snap_lattice(c, m.lattice)
+    if factors:
+        c = _apply_alpha(m.alpha_mode, c, [f.reshape(-1) for f in factors])
+    c = _round_value(c, _fmt(m.output), m.output_mode)
+    return _to_float(c).to(torch.float32)
+
+
+def _fast_emulate(model: GemmModel, plan: Schedule, a, b, factors, backend) -> torch.Tensor | None:
+    """``fp4ref.gemm_fast`` where it is exact for this model and these operands, else None."""
+    if fast_reason(model, plan) is not None or operands_reason(a, b) is not None:
+        return None
+    (M, K), Nn, dev = a.shape, b.shape[1], a.device
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    budget = (1 << 26) if dev.type == "cuda" else (1 << 22)  # float64 products held at once
+    rows = max(1, budget // max(1, Nn * K))
+    out = torch.empty(M, Nn, dtype=torch.float32, device=dev)
+    for r0 in range(0, M, rows):
+        r1 = min(M, r0 + rows)
+        tot = _from_float(fast_totals(model, plan, a64[r0:r1], b64, backend))
+        out[r0:r1] = _epilogue(model, tot, [f[r0:r1] for f in factors]).reshape(r1 - r0, Nn)
+    return out
+
+
 def _snap_lattice(c: _V, lattice) -> _V:
     """c = L * RNE(c / L) for a power-of-two lattice L."""
     lat = Fraction(lattice)

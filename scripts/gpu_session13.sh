@@ -1,24 +1,25 @@
 #!/bin/bash
-# One H200 call for issue 13 (and the new GPU paths): the GPU tests of the new modules, the
-# emulator speed check, `make probe` (timed, random-shape step included) and the random-shape
-# validation for the time left.  Everything flat into $OUT (at most 8 files).
+# One H200 call for issues 13 and 18: the GPU tests of the new modules, the emulator speed
+# check, where the block-scaled GEMM's time goes, `make probe` (timed, random-shape step
+# included) and the random-shape validation for the time left.  Flat into $OUT (8 files).
 #   OUT=/dir bash scripts/gpu_session13.sh [VALIDATE_SECONDS]
 set -u
 OUT=${OUT:?OUT}
-VS=${1:-130}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 t0=$SECONDS
-timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_explain.py tests/test_native.py \
-  tests/test_shape_validation.py tests/test_gemm_triton_wide.py tests/test_gemm_emulator.py \
-  $(ls tests/test_gemm_triton_specials.py tests/test_probes_kernels.py tests/test_probes_triton0.py 2>/dev/null) \
-  > "$OUT/gpu-tests.log" 2>&1
+timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_explain.py tests/test_native.py \
+  tests/test_shape_validation.py tests/test_gemm_triton_wide.py tests/test_gemm_triton_specials.py \
+  tests/test_gemm_emulator.py tests/test_probes_kernels.py > "$OUT/gpu-tests.log" 2>&1
 echo "=== gpu tests rc=$? $((SECONDS - t0))s"; tail -4 "$OUT/gpu-tests.log"
-[ -f scripts/gpu_emulate_speed.py ] && timeout 60 python3 scripts/gpu_emulate_speed.py > "$OUT/emulate-speed.log" 2>&1
-echo "=== emulate speed rc=$? $((SECONDS - t0))s"; tail -12 "$OUT/emulate-speed.log"
+timeout 60 python3 scripts/gpu_emulate_speed.py --ks 2048,12347 --generic-max-k bf16=2048,tf32=2048,fp32=512 > "$OUT/emulate-speed.log" 2>&1
+echo "=== emulate speed rc=$? $((SECONDS - t0))s"; tail -14 "$OUT/emulate-speed.log"
+timeout 60 python3 scripts/gpu_profile_gemm.py > "$OUT/profile-gemm.log" 2>&1
+echo "=== profile rc=$? $((SECONDS - t0))s"; grep -v "^   " "$OUT/profile-gemm.log" | tail -12
 t1=$SECONDS
-timeout 320 make probe PROBE_ARGS="--out /tmp/pa" > "$OUT/probe.log" 2>&1
-echo "=== make probe rc=$? wall $((SECONDS - t1))s"; tail -30 "$OUT/probe.log"
+timeout 310 make probe PROBE_ARGS="--out /tmp/pa" > "$OUT/probe.log" 2>&1
+echo "=== make probe rc=$? wall $((SECONDS - t1))s"; tail -32 "$OUT/probe.log"
 cp /tmp/pa/*/*/report.json "$OUT/probe-report.json" 2>/dev/null
 cp /tmp/pa/*/*/report.html "$OUT/probe-report.html" 2>/dev/null
-OUT=$OUT bash scripts/gpu_validate_shapes.sh "$VS" > /dev/null 2>&1
-echo "=== validate-shapes $((SECONDS - t0))s total"; tail -40 "$OUT/run.log"
+VS=$(( 585 - (SECONDS - t0) ))   # the rest of the call
+[ "$VS" -ge 40 ] && OUT=$OUT bash scripts/gpu_validate_shapes.sh "$VS" > /dev/null 2>&1
+echo "=== validate-shapes ($VS s) $((SECONDS - t0))s total"; tail -30 "$OUT/run.log"; rm -f "$OUT/run.log"

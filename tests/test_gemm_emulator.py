@@ -511,3 +511,236 @@ def test_family_cuda_equals_reference(recipe):
     assert same_bits(got[idx[:, 0], idx[:, 1]], want), recipe
     cpu = emulate(model, A, B, scales_a=SA, scales_b=SB, block=blk, alpha=[0.75])
     assert same_bits(got, cpu), recipe
+
+
+# --- the fused-FMA fast path (fp4ref.gemm_fast, issue 13) --------------------------------
+_FAST_SHORT = {  # the issue-13 models (H200 cuBLAS bf16 / tf32 / fp32)
+    "bf16": "F=16 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE",
+    "tf32": "F=8 align=25:RTZ:esum acc=23:RTZ G=64:RNE",
+    "fp32": "F=1 align=exact acc=23:RNE G=- split=16/T64 out=float32:RNE",
+}
+
+
+@st.composite
+def fast_models(draw):
+    """A model the fast path takes: FP32 accumulator, RNE/RTZ, exact F=1 or aligned steps."""
+    from reference.rounding import Mode
+    modes = st.sampled_from((Mode.RNE, Mode.RTZ))
+    exact = draw(st.booleans())
+    kw = dict(fma_width=1) if exact else dict(
+        fma_width=draw(st.sampled_from((1, 2, 3, 4, 8, 16, 1 << 30))),
+        align_bits=draw(st.sampled_from((0, 1, 3, 8, 23, 24, 25, 26, 40))),
+        align_mode=draw(modes), align_ref=draw(st.sampled_from((AlignRef.VALUE, AlignRef.EXPONENT_SUM))))
+    if exact:
+        kw["align_bits"] = None
+    split_k = draw(st.sampled_from((1, 2, 3, 16)))
+    return GemmModel(name="fast", acc_frac_bits=23, norm_mode=draw(modes), outer_mode=draw(modes),
+                     group_size=draw(st.sampled_from((None, 1, 4, 8, 64))), split_k=split_k,
+                     split_tile=draw(st.sampled_from((None, 1, 2, 64))) if split_k > 1 else None,
+                     lattice=draw(st.sampled_from((None, Fraction(1, 1024)))),
+                     output=draw(st.sampled_from(("float32", "bfloat16"))), **kw)
+
+
+@st.composite
+def fast_problem(draw):
+    kind = draw(st.sampled_from(("e2m1", "spread", "huge", "tiny", "special", "f32")))
+    M, N, K = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 80))
+    a, b = draw(matrices(M, K, N, kind, draw(st.sampled_from((kind, "f32", "e2m1")))))
+    model = _fit_split(draw(fast_models()), K, None)
+    alpha = draw(st.sampled_from((None, 0.3, 2.0 ** -140)))
+    return model, a, b, ({} if alpha is None else {"alpha": alpha})
+
+
+def _fast_check(pt):
+    from fp4ref.gemm_fast import fast_reason, operands_reason
+    model, a, b, kw = pt
+    assert fast_reason(model, model.plan(a.shape[1])) is None
+    assert operands_reason(a, b) is None
+    _check(model, a, b, paths=("auto", "generic"), **kw)
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          deadline=None)
+@given(fast_problem())
+def test_fast_path_equals_reference(pt):
+    """fp4ref.gemm_fast (taken: checked) == reference.gemm.dot == the generic engine."""
+    _fast_check(pt)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          deadline=None)
+@given(fast_problem())
+def test_fast_path_equals_reference_sweep(pt):
+    _fast_check(pt)
+
+
+def _near_ties(M: int, K: int, seed: int):
+    """Operands whose running sums land next to FP32 midpoints: a random FP32 x, then
+    products 2**(e-24) * (1 + r u) * (1 - s u) (u = 2**-23), so the exact sum sits within
+    ~2**-46 ulp of a midpoint, above or below; more columns shift the pattern."""
+    g = torch.Generator().manual_seed(seed)
+    u = 2.0 ** -23
+    e = torch.randint(-100, 100, (M, 1), generator=g).double()
+    x = (1 + torch.randint(0, 1 << 23, (M, 1), generator=g).double() * u) * torch.exp2(e)
+    x = x * torch.where(torch.rand(M, 1, generator=g) < 0.5, -1.0, 1.0).double()
+    r = torch.randint(-3, 4, (M, K - 1), generator=g).double()
+    sgn = torch.where(torch.rand(M, K - 1, generator=g) < 0.8, 1.0, -1.0).double()
+    y = torch.sign(x) * sgn * torch.exp2(e - 24 - torch.randint(0, 2, (M, K - 1), generator=g)) * (1 + r * u)
+    a = torch.cat([x, y], 1).float()
+    s = torch.randint(-3, 4, (K, 4), generator=g).double()
+    b = (1 - s * u)
+    b[0] = 1.0
+    return a, b.float()
+
+
+@pytest.mark.parametrize("short", ["F=1 align=exact acc=23:RNE G=-", "F=1 align=exact acc=23:RTZ G=4:RTZ",
+                                   "F=1 align=exact acc=23:RNE G=- split=2/T2",
+                                   "F=2 align=25:RNE acc=23:RNE G=-", "F=4 align=24:RTZ:esum acc=23:RTZ G=8:RNE"])
+def test_fast_path_near_ties(short):
+    """512 rows of near-midpoint sums: fast path == generic engine (== reference on a few)."""
+    from reference.notation import parse_short
+    m = parse_short(short)
+    a, b = _near_ties(512, 6, 7)
+    got = emulate(m, a, b)
+    assert same_bits(got, emulate(m, a, b, _paths="generic")), short
+    assert same_bits(got[:6], ref_matmul(m, a[:6], b)), short
+
+
+def _f32(x: float) -> float:
+    assert float(torch.tensor(x, dtype=torch.float32)) == x
+    return x
+
+
+def test_fast_path_double_rounding_literals():
+    """Sums a float64 add would double-round (a 53-bit tie then an FP32 tie): the exact
+    value is just below / above an FP32 midpoint; expected values by hand."""
+    u = 2.0 ** -23
+    x = _f32(2.0 ** 30 * (1 + u))             # odd last bit, ulp 2**7
+    y = (_f32(2.0 ** 6 * (1 + u)), _f32(1 - u))  # product 2**6 - 2**-40: below the midpoint
+    m = GemmModel(name="chain", fma_width=1, align_bits=None, acc_frac_bits=23)
+    a = torch.tensor([[x, y[0]], [-x, -y[0]]])
+    b = torch.tensor([[1.0], [y[1]]])
+    want = torch.tensor([[2.0 ** 30 + 2.0 ** 7], [-(2.0 ** 30 + 2.0 ** 7)]])
+    assert same_bits(emulate(m, a, b), want)
+    b2 = torch.tensor([[1.0], [_f32(1 + u)]])    # product 2**6 + 2**-16 + 2**-40: above
+    assert same_bits(emulate(m, a, b2), torch.tensor([[2.0 ** 30 + 2.0 ** 8], [-(2.0 ** 30 + 2.0 ** 8)]]))
+    rtz = m.replace(norm_mode=Mode_RTZ())
+    assert same_bits(emulate(rtz, a, b2), torch.tensor([[2.0 ** 30 + 2.0 ** 7], [-(2.0 ** 30 + 2.0 ** 7)]]))
+    for mm in (m, rtz):  # and the generic engine agrees
+        assert same_bits(emulate(mm, a, b2, _paths="generic"), emulate(mm, a, b2))
+
+
+def Mode_RTZ():
+    from reference.rounding import Mode
+    return Mode.RTZ
+
+
+def test_fast_path_specials_and_overflow():
+    """Inf - Inf, NaN, Inf * 0, overflow to Inf (RNE) or max finite (RTZ), -0 sums."""
+    big = 2.0 ** 127
+    inf, nan = math.inf, math.nan
+    a = torch.tensor([[big, big, -big], [inf, 1.0, -inf], [0.0, inf, 1.0],
+                      [-0.0, -0.0, -0.0], [nan, 1.0, 1.0], [2.0 ** -149, -(2.0 ** -149), 0.0]])
+    b = torch.tensor([[1.5], [1.5], [1.0]])
+    for s in _FAST_SHORT.values():
+        from reference.notation import parse_short
+        m = parse_short(s)
+        for mm in (m, m.replace(split_k=1, split_tile=None), m.replace(norm_mode=Mode_RTZ())):
+            _check(mm, a, b, paths=("auto", "generic"))
+            _check(mm, a, -b, paths=("auto",))
+
+
+@pytest.mark.parametrize("name", list(_FAST_SHORT))
+def test_fast_path_long_k_vs_simulator(name):
+    """K = 4096, a few outputs: the fast path == probes.sim.simulate_gemm (numpy, int64)."""
+    import numpy as np
+    from probes.sim import output_bits, simulate_gemm
+    from reference.notation import parse_short
+    m = parse_short(_FAST_SHORT[name])
+    g = torch.Generator().manual_seed(13)
+    K = 4096
+    a = torch.randn(2, K, generator=g) * torch.exp2(torch.randint(-20, 20, (2, K), generator=g))
+    b = torch.randn(K, 3, generator=g)
+    if name == "bf16":
+        a, b = a.bfloat16().float(), b.bfloat16().float()
+    elif name == "tf32":
+        a = (a.view(torch.int32) & ~0x1FFF).view(torch.float32)
+        b = (b.view(torch.int32) & ~0x1FFF).view(torch.float32)
+    got = emulate(m, a, b)
+    want = simulate_gemm(m, a.double().numpy(), b.double().numpy())
+    assert np.array_equal(output_bits(got.double().numpy(), "float32"), want), name
+
+
+# --- the Triton recurrences (compiled on CUDA; interpreter via tests/test_interpreter.py) ---
+def _triton_dev():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _triton_check(model, a, b, **kw):
+    pytest.importorskip("triton")
+    dev = _triton_dev()
+    got = emulate(model, a.to(dev), b.to(dev), _paths="fast_triton", **kw).cpu()
+    want = emulate(model, a, b, _paths="generic", **kw)
+    assert same_bits(got, want), f"{model}: {mismatch(got, want)}"
+
+
+@pytest.mark.triton_interpret
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+          deadline=None)
+@given(fast_problem())
+def test_fast_path_triton_equals_generic(pt):
+    model, a, b, kw = pt
+    _triton_check(model, a, b, **kw)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("short", ["F=1 align=exact acc=23:RNE G=-", "F=1 align=exact acc=23:RTZ G=4:RTZ",
+                                   "F=3 align=25:RNE acc=23:RNE G=- split=2/T2",
+                                   "F=4 align=24:RTZ:esum acc=23:RTZ G=8:RNE"])
+def test_fast_path_triton_near_ties_and_specials(short):
+    from reference.notation import parse_short
+    m = parse_short(short)
+    _triton_check(m, *_near_ties(256, 6, 11))
+    big, inf, nan = 2.0 ** 127, math.inf, math.nan
+    a = torch.tensor([[big, big, -big], [inf, 1.0, -inf], [0.0, inf, 1.0], [-0.0, -0.0, -0.0],
+                      [nan, 1.0, 1.0], [2.0 ** -149, -(2.0 ** -149), 0.0]])
+    b = torch.tensor([[1.5, -1.0], [1.5, 2.0 ** -30], [1.0, -0.0]])
+    _triton_check(m, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(_FAST_SHORT))
+def test_fast_path_cuda_equals_cpu(name):
+    """CUDA (Triton recurrences, and the torch loop) == the CPU fast path, K = 4096."""
+    from reference.notation import parse_short
+    m = parse_short(_FAST_SHORT[name])
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(8, 4096, generator=g).bfloat16().float()
+    b = torch.randn(4096, 8, generator=g).bfloat16().float()
+    cpu = emulate(m, a, b)
+    for p in ("auto", "fast_torch", "fast_triton"):
+        assert same_bits(emulate(m, a.cuda(), b.cuda(), _paths=p).cpu(), cpu), (name, p)
+
+
+def test_fast_path_overflow_then_more_terms():
+    """align=0 (1/q at the edge of float64): an accumulator overflowed to Inf stays Inf
+    (found by the sweep)."""
+    from reference.rounding import Mode
+    m = GemmModel(name="o", fma_width=1, align_bits=0, align_mode=Mode.RNE, align_ref=AlignRef.VALUE,
+                  acc_frac_bits=23)
+    a = torch.tensor([[2.0 ** 120, 2.0 ** 120, 0.0, 1.0, -3.0], [-(2.0 ** 120), -(2.0 ** 120), 0.5, 0.0, 2.0]])
+    b = torch.tensor([[2.0 ** 8], [2.0 ** 8], [1.0], [1.0], [1.0]])
+    _check(m, a, b, paths=("auto", "generic"))
+    _check(m.replace(fma_width=2), a, b, paths=("auto", "generic"))
+
+
+@pytest.mark.triton_interpret
+def test_fast_path_triton_overflow_then_more_terms():
+    from reference.rounding import Mode
+    m = GemmModel(name="o", fma_width=1, align_bits=0, align_mode=Mode.RNE, align_ref=AlignRef.VALUE,
+                  acc_frac_bits=23)
+    a = torch.tensor([[2.0 ** 120, 2.0 ** 120, 0.0, 1.0, -3.0], [-(2.0 ** 120), -(2.0 ** 120), 0.5, 0.0, 2.0]])
+    b = torch.tensor([[2.0 ** 8], [2.0 ** 8], [1.0], [1.0], [1.0]])
+    for mm in (m, m.replace(fma_width=2), m.replace(norm_mode=Mode.RTZ)):
+        _triton_check(mm, a, b)
