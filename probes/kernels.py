@@ -120,6 +120,12 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
     KernelModel(r"cutlass_80_tensorop_s16816gemm_(bf16|f16)_\d+x\d+_32x", _HALF, _TC16,
                 "unconfirmed: other tiles/layouts (k-tile 32) of the confirmed s16816 row",
                 confirmed=False, k_tile=32, split_align=8),
+    KernelModel(r"cutlass_80_tensorop_s16816gemm_(bf16|f16)_\d+x\d+_64x", _HALF, _TC16,
+                "unconfirmed: the s16816 mainloop with a 64-wide k-tile (name: _64x3 / _64x6). "
+                "The H200 random-shape run (reports/baselines/shapes/) met 256x128_64x3 and "
+                "128x256_64x3 kernels at 13 shapes and no row explained them (k-tile 32 "
+                "assumed there); k_tile = the name's threadblock K, to be confirmed",
+                confirmed=False, k_tile=64, split_align=8),
     KernelModel(r"cutlass_80_tensorop_s1688gemm_\d+x\d+_32x", ("cuda-cublas-tf32",), _TC,
                 "unconfirmed: other tiles/layouts (k-tile 32) of the confirmed tf32 s1688 row",
                 confirmed=False, k_tile=32, split_align=4),

@@ -181,7 +181,8 @@ def test_explain_cuda(name):
     b = dev.draw(64, 48, 256, 0)
     out = dev.call_tensors(b)
     assert out.dtype == torch.float32 and out.shape == (64, 48) and out.is_cuda
-    assert any("gemm" in k.lower() or "kernel" in k.lower() for k in dev.kernels(b))
+    # the profiler's names (H200: "nvjet_sm90_tss_64x112_...", "cutlass_75_tensorop_...")
+    assert [k for k in dev.kernels(b) if not k.startswith("Memset")]
     e = explain_shape(dev, (64, 48, 256), base_model=base, outputs=1024)
     assert e.checked_outputs == 1024 and e.kernels
 

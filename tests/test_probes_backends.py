@@ -147,3 +147,17 @@ def test_triton_fp8_devices_include_imprecise_zero():
     if not torch.cuda.is_available():
         with pytest.raises(NotAvailable):
             specs["triton-dot-e4m3-imprecise-0"].build()
+
+
+def test_fp32_precision_switch_is_a_context_manager():
+    """cuBLAS TF32 / IEEE devices switch torch's flag inside a with-block and restore it
+    (the H200 run of this session found the decorator lost in a refactor: every TF32 / FP32
+    call failed)."""
+    from types import SimpleNamespace
+
+    from probes.backends import cuda as C
+    mm = SimpleNamespace(fp32_precision="ieee")
+    fake = SimpleNamespace(backends=SimpleNamespace(cuda=SimpleNamespace(matmul=mm)))
+    with C._fp32_precision(fake, True):
+        assert mm.fp32_precision == "tf32"
+    assert mm.fp32_precision == "ieee"

@@ -131,6 +131,7 @@ def _draw_fp8(torch, rowwise: bool):
     return draw
 
 
+@contextlib.contextmanager
 def _fp32_precision(torch, tf32: bool):
     """TF32 on/off for cuBLAS matmul: the fp32_precision API where it exists (torch >= 2.9;
     mixing it with the legacy flag is an error there), else allow_tf32."""
