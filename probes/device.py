@@ -32,7 +32,7 @@ import numpy as np
 from reference.errors import check_choice
 from reference.formats import FORMATS
 
-__all__ = ["Capabilities", "Device", "DeviceError", "ProtocolError", "Runner", "ALPHA_KINDS",
+__all__ = ["Capabilities", "Device", "DeviceError", "AdapterError", "ProtocolError", "Runner", "ALPHA_KINDS",
            "DEVICE_KINDS", "OUTPUT_FORMATS", "DRAW_KINDS", "Batch", "TensorOps", "check_outputs",
            "check_device_name"]
 
@@ -46,6 +46,18 @@ DRAW_KINDS = ("normal",)  # operand families of Device.draw (validate.KINDS are 
 
 class DeviceError(RuntimeError):
     """A device call failed (the backend crashed or refused the operands)."""
+
+
+class AdapterError(DeviceError):
+    """The adapter itself failed (TypeError, AttributeError, ...: a bug in the tool's or the
+    user's wrapper), as opposed to the library refusing the call (RuntimeError /
+    ValueError: a shape it does not take).  A random-shape run logs it as a tool error,
+    never as a refused shape."""
+
+
+def _wrapped(name: str, e: Exception) -> DeviceError:
+    cls = DeviceError if isinstance(e, (RuntimeError, ValueError)) else AdapterError
+    return cls(f"{name}: {type(e).__name__}: {e}")
 
 
 class ProtocolError(DeviceError):
@@ -217,7 +229,7 @@ class Device:
         except DeviceError:
             raise
         except Exception as e:  # a crashing backend is reported, never fatal to the others
-            raise DeviceError(f"{self.name}: {type(e).__name__}: {e}") from e
+            raise _wrapped(self.name, e) from e
         return check_outputs(self.name, out, (a.shape[0], b.shape[1]), self.caps.output)
 
     @property
@@ -260,8 +272,8 @@ class Device:
                 return self.tensors.call(batch)
             except DeviceError:
                 raise
-            except Exception as e:  # the library refused the shape: its own message
-                raise DeviceError(f"{self.name}: {type(e).__name__}: {e}") from e
+            except Exception as e:
+                raise _wrapped(self.name, e) from e
         import torch
         np_ = lambda t: None if t is None else t.detach().cpu().double().numpy()  # noqa: E731
         alpha = None

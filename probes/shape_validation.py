@@ -28,7 +28,7 @@ import numpy as np
 
 from reference.notation import from_dict, short
 
-from .device import DeviceError
+from .device import AdapterError, DeviceError
 
 __all__ = ["draw_shapes", "declared_refusal", "validate_shapes", "summarize", "read_log", "sample_grid", "compare_bits",
            "environment_key", "default_log_path", "load_base_models", "summary_table", "main",
@@ -158,6 +158,8 @@ def _one_shape(dev, shape, base_model, table, seed, outputs, explain) -> dict:
     try:
         batch = dev.draw(M, N, K, seed)
         native = dev.call_tensors(batch)
+    except AdapterError:   # the tool failed, not the library: an error line (_run_shape)
+        raise
     except DeviceError as e:
         return {"refused": str(e)[:300], "wall_s": round(time.perf_counter() - t0, 3)}
     sched = explain(dev, tuple(shape), base_model=base_model, table=table, seed=seed + 1)

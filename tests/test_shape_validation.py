@@ -307,3 +307,17 @@ def test_cuda_random_shapes_smoke(tmp_path):
     s = summarize(log)
     assert s["cuda-cublas-bfloat16"]["validated"] == 2 and s["cuda-cublas-bfloat16"]["outputs"] > 0
     assert any(r["kernels"] for r in read_log(log) if r.get("refused") is None)
+
+
+def test_an_adapter_bug_is_an_error_not_a_refusal(tmp_path):
+    """A TypeError inside the adapter (the H200 run met one: the TF32 switch had lost its
+    context manager) is logged as a tool error; only the library's RuntimeError / ValueError
+    count as refused shapes."""
+    def fn(a, b, **kw):
+        raise TypeError("'generator' object does not support the context manager protocol")
+    dev = Device("buggy", "test", "virtual", CAPS, fn)
+    _run([dev], tmp_path / "b.jsonl", 2, max_mn=6, max_k=24)
+    recs = read_log(tmp_path / "b.jsonl")
+    assert recs and all(r["refused"] is None and "TypeError" in r["error"] for r in recs)
+    s = summarize(tmp_path / "b.jsonl")["buggy"]
+    assert s["refused"] == 0 and s["errors"] == len(recs)
