@@ -26,6 +26,7 @@ from fp4ref.native import ScheduleTable, ShapeSchedule, environment_key, registe
 from reference.gemm import GemmModel
 
 from .device import Batch, Device, DeviceError
+from .grid import split_candidates
 from .sim import output_bits, simulate_gemm
 
 __all__ = ["explain_shape", "split_candidates", "candidate_models", "probe_shape", "ShapeSchedule",
@@ -33,27 +34,6 @@ __all__ = ["explain_shape", "split_candidates", "candidate_models", "probe_shape
            "cublaslt_heuristic"]
 
 SCREEN = (4, 16)  # rows = columns of the simulator screens before the emulated confirmation
-
-
-def split_candidates(model: GemmModel, K: int):
-    """Per-shape schedules of ``model`` at this K, most likely first: equal splits S | K
-    (SPLIT_GRID), then uneven splits (slices of ceil(K/S) rounded up to a k-tile T, as cuBLAS
-    split-K kernels cut K), both with the model's group size; then equal splits with no
-    group or a power-of-two group.  The model itself is not repeated; each model once."""
-    from .grid import SPLIT_GRID, uneven_splits
-    seen = {model}
-    gs = [None] + [1 << k for k in range(4, 14) if (1 << k) < K]
-    equal = [S for S in SPLIT_GRID if K % S == 0]
-    # most likely first: the model's own group size split, equal then uneven (cuBLAS split-K);
-    # then other group sizes (a kernel with another promotion interval)
-    out = [model.replace(split_k=S, split_tile=None) for S in equal]
-    out += [model.replace(split_k=S, split_tile=T) for S, T in uneven_splits(K)]
-    out += [model.replace(split_k=S, split_tile=None, group_size=G) for S in equal for G in gs
-            if G is None or G >= model.fma_width]
-    for m in out:
-        if m not in seen:
-            seen.add(m)
-            yield m
 
 
 def kernel_hints(device_name: str, kernels: list) -> tuple[list, str]:

@@ -12,7 +12,7 @@ from fractions import Fraction
 from reference.gemm import AlignRef, AlphaMode, GemmModel, split_bounds
 from reference.rounding import Mode
 
-__all__ = ["ACC_BITS_MIN", "ROUND_MODES", "ALIGN_MODES", "F_GRID", "G_SMALL", "P_GRID", "W_GRID",
+__all__ = ["split_candidates", "ACC_BITS_MIN", "ROUND_MODES", "ALIGN_MODES", "F_GRID", "G_SMALL", "P_GRID", "W_GRID",
            "LATTICE_GRID", "SPLIT_GRID", "SPLIT_TILES", "grid_summary", "uneven_splits"]
 
 ACC_BITS_MIN = 12  # narrowest accumulator (fraction bits) of the candidate grid
@@ -58,3 +58,20 @@ def uneven_splits(*Ks: int) -> tuple:
                 seen.add(b)
                 out.append((S, T))
     return tuple(out)
+
+
+def split_candidates(model: GemmModel, K: int):
+    """Per-shape schedules of ``model`` at this K (libraries choose split-K per shape): equal
+    splits S | K (SPLIT_GRID) with the model's group size, no group or a power-of-two group,
+    then uneven splits (slices of ceil(K/S) rounded up to a k-tile, as cuBLAS split-K
+    kernels cut K) keeping the group size.  Each model once, ``model`` itself not repeated;
+    the one generator of the validation's split search, ``probes.explain`` and the survey."""
+    seen = {model}
+    gs = [model.group_size, None] + [1 << k for k in range(4, 14) if (1 << k) < K]
+    cands = [model.replace(split_k=S, split_tile=None, group_size=G)
+             for S in SPLIT_GRID if K % S == 0 for G in gs if G is None or G >= model.fma_width]
+    cands += [model.replace(split_k=S, split_tile=T) for S, T in uneven_splits(K)]
+    for m in cands:
+        if m not in seen:
+            seen.add(m)
+            yield m

@@ -243,34 +243,16 @@ def _random_alpha(caps, M, N, rng):
     return (f(M), f(N))
 
 
-def _split_candidates(model, K):
-    """Per-shape schedules: equal splits with any group size, then uneven splits (slices of
-    ceil(K/S) rounded up to a k-tile, as cuBLAS split-K kernels cut K) keeping the model's
-    group size; each distinct slicing once (the inference's grid)."""
-    from .grid import SPLIT_GRID, uneven_splits
-    gs = [model.group_size] + [None] + [1 << k for k in range(4, 14) if (1 << k) < K]
-    for S in SPLIT_GRID:
-        if K % S == 0:
-            for G in gs:
-                if G is None or G >= model.fma_width:
-                    yield model.replace(split_k=S, split_tile=None, group_size=G)
-    for S, T in uneven_splits(K):
-        yield model.replace(split_k=S, split_tile=T)
-
-
 def _try_splits(model, a, b, sa, sb, caps, alpha, got, seconds: float | None = None):
     """Per-shape schedule: the split of K (and the group size the kernel uses at this K).
     ``seconds``: give up (None) after this long; a sequential-FMA model simulates K steps
     one by one, so at K = 8192 the whole candidate list takes minutes."""
     K = a.shape[1]
-    seen = set()
+    from .grid import split_candidates
     t_end = None if seconds is None else time.perf_counter() + seconds
-    for m in _split_candidates(model, K):
-        if m == model or m in seen:
-            continue
+    for m in split_candidates(model, K):
         if t_end is not None and time.perf_counter() > t_end:
             return None
-        seen.add(m)
         e = simulate_gemm(m, a[:8], b[:, :8], scales_a=None if sa is None else sa[:8],
                           scales_b=None if sb is None else sb[:, :8], block=caps.block,
                           alpha=_alpha_rows(alpha, 8))

@@ -21,7 +21,7 @@ import torch
 
 from fp4ref.gemm import emulate
 from reference.notation import from_dict
-from probes.grid import SPLIT_GRID, uneven_splits
+from probes.grid import split_candidates
 
 DEV = os.environ.get("SURVEY_DEVICE", "cuda")
 CUBLAS = {"cuda-cublas-bfloat16": "bfloat16", "cuda-cublas-float16": "float16",
@@ -99,17 +99,6 @@ def emu(model, a, b, al, r, c):
     return emulate(model, A, B, alpha=alpha)
 
 
-def candidates(model, K):
-    gs = [model.group_size, None] + [1 << k for k in range(4, 14) if (1 << k) < K]
-    for S in SPLIT_GRID:
-        if K % S == 0:
-            for G in gs:
-                if G is None or G >= model.fma_width:
-                    yield model.replace(split_k=S, split_tile=None, group_size=G)
-    for S, T in uneven_splits(K):
-        yield model.replace(split_k=S, split_tile=T)
-
-
 def one_shape(name, model, M, N, K, g, out_fmt, t_search):
     rec = {"device": name, "shape": [M, N, K]}
     try:
@@ -136,12 +125,10 @@ def one_shape(name, model, M, N, K, g, out_fmt, t_search):
     t_end = time.perf_counter() + t_search
     r8, c8 = r[:8], c[:8]
     w8 = want[:8, :8]
-    for m in candidates(model, K):
+    for m in split_candidates(model, K):
         if time.perf_counter() > t_end:
             rec["search"] = "timeout"
             break
-        if m == model:
-            continue
         if not torch.equal(bits(emu(m, a, b, al, r8, c8), out_fmt), w8):
             continue
         if torch.equal(bits(emu(m, a, b, al, r, c), out_fmt), want):
