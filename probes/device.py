@@ -173,6 +173,27 @@ class Batch:
     def shape(self) -> tuple:
         return (int(self.a.shape[0]), int(self.b.shape[1]), int(self.a.shape[1]))
 
+    def sub(self, rows, cols) -> "Batch":
+        """The GEMM of rows ``rows`` of A and columns ``cols`` of B (index tensors or slices):
+        its outputs are the [rows][:, cols] block of this one's.  A tensorwise alpha (a float
+        or a one-element tensor) becomes a float; rowwise vectors are indexed with the rows /
+        columns.  ``native`` is dropped (it is the device's own form of the whole batch)."""
+        sa = None if self.scales_a is None else self.scales_a[rows]
+        sb = None if self.scales_b is None else self.scales_b[:, cols]
+        alpha = None
+        if self.alpha is not None:
+            alpha = (_alpha_part(self.alpha[0], rows), _alpha_part(self.alpha[1], cols))
+        return Batch(self.a[rows], self.b[:, cols], sa, sb, alpha, None, self.kind)
+
+
+def _alpha_part(x, idx):
+    """A tensorwise factor as a float, a row/column vector at ``idx``."""
+    if isinstance(x, (int, float)) or x.numel() == 1:
+        return float(x if isinstance(x, (int, float)) else x.reshape(()))
+    if not isinstance(idx, slice):
+        idx = idx.to(x.device)
+    return x.reshape(-1)[idx]
+
 
 @dataclass(frozen=True)
 class TensorOps:

@@ -179,17 +179,6 @@ def _sample(M: int, N: int, outputs: int, g, device: str):
     return r.to(device), c.to(device)
 
 
-def _sub(batch: Batch, r, c) -> Batch:
-    """The batch restricted to rows ``r`` of A and columns ``c`` of B."""
-    sa = None if batch.scales_a is None else batch.scales_a[r]
-    sb = None if batch.scales_b is None else batch.scales_b[:, c]
-    alpha = None
-    if batch.alpha is not None:
-        x, y = batch.alpha
-        alpha = (x if isinstance(x, float) else x[r], y if isinstance(y, float) else y[c])
-    return Batch(batch.a[r], batch.b[:, c], sa, sb, alpha, None, batch.kind)
-
-
 def _np(t):
     return None if t is None else t.detach().cpu().double().numpy()
 
@@ -244,7 +233,7 @@ def _search(cands: list, sub: Batch, want, caps, t_end: float) -> tuple:
     """(model, layout, matches): the first candidate (a model, or a (model, KLayout) pair)
     that passes both simulator screens and the emulated confirmation on every sampled
     output; else the best confirmed one; else (None, None, -1).  Stops at ``t_end``."""
-    screens = [(_sub(sub, slice(0, w), slice(0, w)), output_bits(_np(want[:w, :w]), caps.output))
+    screens = [(sub.sub(slice(0, w), slice(0, w)), output_bits(_np(want[:w, :w]), caps.output))
                for w in SCREEN]
     best, best_lay, best_n = None, None, -1
     for c in cands:
@@ -315,7 +304,7 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     if dev.caps.block is None:  # kernels that reorder K come first: the most specific answer
         cands = layout_candidates(dev.name, kernels, K, out_fmt) + cands
     r, c = _sample(M, N, outputs, g, batch.a.device)
-    sub, want = _sub(batch, r, c), got[r][:, c]
+    sub, want = batch.sub(r, c), got[r][:, c]
     best, lay, best_n = _search(cands, sub, want, dev.caps, t0 + budget_s)
     if best is None:  # nothing passed the screens: report how well the first candidate does
         first = cands[0] if cands else bases[0].replace(split_k=1, split_tile=None)

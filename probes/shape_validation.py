@@ -115,28 +115,14 @@ def _emulate_sampled(model, batch, rows, cols, block, layout=None):
     (``layout``: the schedule's K order, fp4ref.native.KLayout, applied first)."""
     import torch
     from fp4ref.gemm import emulate
+    from fp4ref.native import alpha_factors
     dev = batch.a.device
-    r = torch.as_tensor(rows, device=dev)
-    c = torch.as_tensor(cols, device=dev)
-    sa = None if batch.scales_a is None else batch.scales_a[r]
-    sb = None if batch.scales_b is None else batch.scales_b[:, c]
-    alpha = None
-    if batch.alpha is not None:
-        alpha = [_alpha_part(batch.alpha[0], r, (-1, 1)), _alpha_part(batch.alpha[1], c, (1, -1))]
-    a, b = batch.a[r], batch.b[:, c]
+    sub = batch.sub(torch.as_tensor(rows, device=dev), torch.as_tensor(cols, device=dev))
+    a, b = sub.a, sub.b
     if layout is not None:
         a, b = layout.pad(a, b)
-    return emulate(model, a, b, scales_a=sa, scales_b=sb, block=block, alpha=alpha)
-
-
-def _alpha_part(x, idx, shape):
-    """A tensorwise factor as a float, a row/column vector as the sampled rows/columns."""
-    import torch
-    if not isinstance(x, torch.Tensor):
-        return float(x)
-    if x.numel() == 1:
-        return float(x.reshape(()))
-    return x.reshape(-1)[idx.to(x.device)].reshape(shape)
+    return emulate(model, a, b, scales_a=sub.scales_a, scales_b=sub.scales_b, block=block,
+                   alpha=alpha_factors(sub.alpha))
 
 
 def _first_mismatch(eq, native, emulated, rows, cols, fmt) -> dict | None:

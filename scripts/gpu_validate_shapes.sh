@@ -5,8 +5,8 @@
 # The committed log reports/baselines/shapes/nvidia-h200.jsonl seeds $OUT/shapes.jsonl, so
 # the seeded draw sequence resumes and shapes accumulate across sessions: copy
 # $OUT/shapes.jsonl back over the committed log afterwards.  Device groups run as parallel
-# processes on the one GPU (emulation is launch-bound, the GPU idles otherwise), all
-# appending whole lines to one log.  $OUT gets (flat): shapes.jsonl, summary.json, run.log.
+# processes on the one GPU (one per device by default; GROUPS_ overrides), all appending
+# whole lines to one log.  $OUT gets (flat): shapes.jsonl, summary.json, run.log.
 set -u
 T=${1:?usage: scripts/gpu_validate_shapes.sh SECONDS}
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -20,7 +20,14 @@ SHAPES=${SHAPES:-100}
 [ -f "$SEED_LOG" ] && [ ! -f "$LOG" ] && cp "$SEED_LOG" "$LOG"
 # the run stops itself (--time-limit-s) with a margin for start-up and the summary
 LIMIT=$(( T > 60 ? T - 45 : T * 3 / 4 ))
-GROUPS_=${GROUPS_:-"cuda-cublas-fp32 cuda-cublas-tf32,cuda-cublas-bfloat16 cuda-cublas-float16,cuda-scaled_mm-e4m3-tensorwise-* cuda-scaled_mm-e4m3-rowwise-* triton-*"}
+# one process per device: a shape's explanation is mostly CPU work (16 cores on the H200 box)
+ALL="cuda-cublas-fp32 cuda-cublas-tf32 cuda-cublas-bfloat16 cuda-cublas-float16"
+for m in tensorwise rowwise; do for f in slow fast; do for o in float32 bfloat16; do
+  ALL="$ALL cuda-scaled_mm-e4m3-$m-$f-$o"; done; done; done
+ALL="$ALL triton-dot-e4m3-imprecise-unset triton-dot-e4m3-imprecise-0 triton-dot-e4m3-imprecise-32"
+ALL="$ALL triton-dot-e4m3-imprecise-64 triton-dot-e4m3-imprecise-128"
+GROUPS_=${GROUPS_:-$ALL}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 echo "=== validate-shapes: ${T}s (runs stop at ${LIMIT}s), groups: $GROUPS_ $(date +%T)" | tee "$OUT/run.log"
 pids=()
 for g in $GROUPS_; do

@@ -37,7 +37,7 @@ def main():
                 A = e4m3(rng, (64, K), heavy).cuda()
                 Bn = e4m3(rng, (64, K), heavy).cuda()
                 C = torch.empty(64, 64, dtype=torch.float32, device="cuda")
-                ck = kern[(1, 1)](A, Bn, C, K, A.stride(0), Bn.stride(0), C.stride(0),
+                ck = kern[(1, 1)](A, Bn, C, 64, 64, K, A.stride(0), Bn.stride(0), C.stride(0),
                                   BM=64, BN=64, BK=128, IMPRECISE=imp)
                 torch.cuda.synchronize()
                 tag = f"imp{imp}|K{K}|{'heavy' if heavy else 'gauss'}"

@@ -252,3 +252,24 @@ def test_residue_first_kernel_found_and_emulated(K, S):
     assert torch.equal(got.float().view(torch.int32), emu.view(torch.int32))
     again = ScheduleTable.from_dict(table.to_dict())   # the layout survives the table file
     assert again.lookup("cuda-cublas-bfloat16", (9, 7, K)).layout == e.layout
+
+
+def test_batch_sub_restricts_operands_and_alpha():
+    """Batch.sub: the GEMM of some rows / columns; tensorwise alpha (float or one-element
+    tensor) as a float, rowwise vectors indexed (oracle: plain indexing of the full batch)."""
+    import torch
+    from probes.device import Batch
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(5, 7, generator=g), torch.randn(7, 6, generator=g)
+    sa, sb = torch.rand(5, generator=g), torch.rand(6, generator=g)
+    r, c = torch.tensor([0, 3, 4]), torch.tensor([1, 5])
+    for alpha, want in (((2.0, torch.tensor([0.5])), (2.0, 0.5)),
+                        ((sa, sb), (sa[r], sb[c]))):
+        s = Batch(a, b, alpha=alpha).sub(r, c)
+        assert torch.equal(s.a, a[r]) and torch.equal(s.b, b[:, c])
+        for got, exp in zip(s.alpha, want):
+            if isinstance(exp, float):
+                assert isinstance(got, float) and got == exp
+            else:
+                assert torch.equal(got, exp)
+    assert Batch(a, b).sub(slice(0, 2), slice(0, 3)).alpha is None

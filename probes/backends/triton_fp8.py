@@ -1,7 +1,10 @@
 """Triton ``tl.dot`` on FP8 e4m3 with max_num_imprecise_acc unset, 0, 32, 64 and 128.
 
 A small tiled matmul: 64 x 64 output tiles, BK = 128 along K, FP32 accumulator carried
-through the K loop as ``tl.dot(a, b, acc)``.  B is stored K-contiguous ([N, K]).
+through the K loop as ``tl.dot(a, b, acc)``.  B is stored K-contiguous ([N, K]).  Loads are
+masked (zero outside the matrices), as users' kernels do, so every shape runs: the last
+K-tile is zero-filled at its end, which adds nothing to any sum (a zero product has no
+exponent to align to), so the model at K is the model at the padded K.
 0 is passed to ``tl.dot`` as given (issue 13: its own device; unset is not 0 -- Triton
 substitutes its sm_90 default for an unset value).
 """
@@ -28,7 +31,7 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def mm_fp8(a_ptr, b_ptr, c_ptr, K, sam, sbn, scm,
+    def mm_fp8(a_ptr, b_ptr, c_ptr, M, N, K, sam, sbn, scm,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IMPRECISE: tl.constexpr):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -37,13 +40,16 @@ def _kernel():
         rk = tl.arange(0, BK)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
-            a = tl.load(a_ptr + rm[:, None] * sam + (k0 + rk)[None, :])
-            b = tl.load(b_ptr + (k0 + rk)[:, None] + rn[None, :] * sbn)
+            kk = k0 + rk
+            a = tl.load(a_ptr + rm[:, None] * sam + kk[None, :],
+                        mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+            b = tl.load(b_ptr + kk[:, None] + rn[None, :] * sbn,
+                        mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
             if IMPRECISE < 0:
                 acc = tl.dot(a, b, acc)
             else:
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=IMPRECISE)
-        tl.store(c_ptr + rm[:, None] * scm + rn[None, :], acc)
+        tl.store(c_ptr + rm[:, None] * scm + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
     _KERNEL = mm_fp8
     return _KERNEL
@@ -70,11 +76,11 @@ def _build(imprecise):
             A = torch.from_numpy(np.ascontiguousarray(x)).float().cuda().to(torch.float8_e4m3fn)
             Bn = torch.from_numpy(np.ascontiguousarray(y.T)).float().cuda().to(torch.float8_e4m3fn)
             C = torch.empty(M, N, dtype=torch.float32, device="cuda")
-            kern[(M // BM, N // BN)](A, Bn, C, K, A.stride(0), Bn.stride(0), C.stride(0),
+            kern[(-(-M // BM), -(-N // BN))](A, Bn, C, M, N, K, A.stride(0), Bn.stride(0), C.stride(0),
                                      BM=BM, BN=BN, BK=BK, IMPRECISE=imp)
             torch.cuda.synchronize()
             return C.cpu().numpy().astype(np.float64)
-        caps = Capabilities("float8_e4m3fn", "float8_e4m3fn", "float32", k_multiple=BK, mn_multiple=BM,
+        caps = Capabilities("float8_e4m3fn", "float8_e4m3fn", "float32", k_multiple=1, mn_multiple=1,
                             probe_mn=64, max_batch=64, max_k=16384)
         tag = "unset" if imprecise is None else str(imprecise)
         d = Device(f"triton-dot-e4m3-imprecise-{tag}", f"triton {triton.__version__} tl.dot e4m3, "
