@@ -46,7 +46,8 @@ How exactness is kept (no float shortcut is ever trusted):
   two) is summed by a float64 matmul, exact because every partial sum is an
   integer below 2**53; (2) FP32-RNE sequential accumulation of products that
   are exact FP32 values is a native FP32 add (IEEE add is correctly rounded); (3) the
-  fused-FMA family with an FP32 accumulator (``fp4ref.gemm_fast``: products, exponents and
+  fused-FMA family with an accumulator of FP32's range and at most its precision (FP32, the
+  Hopper FP8 13-bit one; ``fp4ref.gemm_fast``: products, exponents and
   lanes of groups / split-K slices at once, a thin float64 recurrence per fused step).
 
 Input domain: finite values and IEEE specials of float16/bfloat16/float32/

@@ -1,38 +1,60 @@
-"""Fast path of ``fp4ref.gemm.emulate`` for the fused-FMA family with an FP32 accumulator
-(issue 13): everything that does not depend on the running accumulator is computed for
-all K-steps at once (products, step exponents, special products, zero signs: tensors
-[steps, lanes, F]), leaving a thin sequential recurrence: ~18 elementwise torch ops per
-fused step on the CPU (the generic engine issues ~240), one Triton launch for all steps
-on CUDA (fp4ref/gemm_fast_triton.py, same arithmetic; on a GPU the cost was the launches).
+"""Fast path of ``fp4ref.gemm.emulate`` for the fused-FMA family with an accumulator of
+FP32's exponent range and at most FP32's precision (issue 13): everything that does not
+depend on the running accumulator is computed for all K-steps at once (products, step
+exponents, special products, zero signs: tensors [steps, lanes, F]), leaving a thin
+sequential recurrence: ~18 elementwise torch ops per fused step on the CPU (the generic
+engine issues ~240), one Triton launch for all steps on CUDA (fp4ref/gemm_fast_triton.py,
+same arithmetic; on a GPU the cost was the launches).
 
 Which models (``fast_reason`` returns None for them, else why not): no block scales, no
-chain / exact runs / overflow_inf / product_format, the accumulator FP32 itself
-(acc_frac_bits 23, subnormals kept), norm_mode and outer_mode RNE or RTZ, and either
+chain / exact runs / overflow_inf / product_format, the accumulator
+``reference.gemm.accumulator_format(p)`` with p = acc_frac_bits <= 23 (p + 1 significant
+bits, FP32's exponent range, IEEE specials: FP32 itself at p = 23, the Hopper FP8 wgmma
+accumulator at p = 13), subnormals kept or flushed, norm_mode and outer_mode RNE or RTZ,
+and either
 
 * alignment (``align_bits`` set) by value or by exponent sum, align_mode RNE or RTZ, any
   fused width F, groups G, split-K; or
-* exact fused steps of one product (F = 1, ``align=exact``): the FP32 FMA chain.
+* exact fused steps of one product (F = 1, ``align=exact``): the FMA chain.
 
 Operands must make every product exact in float64: significands of at most 53 bits
-together and every nonzero finite operand within 2**+-400 (FP32, TF32, BF16, FP16 are).
+together and every nonzero finite operand within 2**+-400 (FP32, TF32, BF16, FP16, FP8 are).
 
-Why each step is exact (values are float64 tensors holding FP32 values):
+Why each step is exact (values are float64 tensors holding accumulator / FP32 values):
 
 * products a*b: exact in float64 (<= 53 bits, far from float64's range ends).
 * aligned step: emax = max(floor(log2|acc|), the products' exponents), q = 2**(emax -
   align_bits); each term times 1/q (a power of two: exact) rounded to an integer (trunc =
   RTZ, torch.round = half to even = RNE) is < 2**(align_bits + 2) in magnitude, so the
   sum of F + 1 of them is an exact float64 integer (align_bits + 3 + log2(F+1) <= 52 is
-  checked), and T = sum * q is the exact aligned sum.  Rounding T to FP32: a float64 ->
-  float32 cast is RNE (IEEE, subnormals and overflow to Inf included); RTZ steps that
-  result one ulp toward zero when the cast went up in magnitude (Inf -> max finite).
-* add of two FP32 values (or an FP32 value and an exact product), F = 1 and the
+  checked), and T = sum * q is the exact aligned sum.  Nothing here depends on p.
+* rounding an exact float64 T to the accumulator (``round_acc``), as
+  ``reference.gemm.round_fp(T, accumulator_format(p), mode, acc_subnormal)``:
+  p = 23: a float64 -> float32 cast is RNE (IEEE, subnormals and overflow to Inf
+  included); RTZ steps that result one ulp toward zero when the cast went up in
+  magnitude (Inf -> max finite).
+  p < 23 (``_round_narrow``): the quantum at T's exponent e is Q = 2**(max(e, -126) - p)
+  (FP32's emin: below 2**-126 the grid stays 2**(-126-p), the format's subnormals);
+  T times 1/Q (a normal float64 power of two, Q >= 2**-149) is exact and below
+  2**(p+1) in magnitude, so trunc / round-half-even of it is RTZ / RNE onto the grid,
+  and times Q exact.  A carry to 2**(e+1) is on the grid too.  Then IEEE overflow as round_fp: a
+  rounded magnitude above max finite (2 - 2**-p) * 2**127 is Inf under RNE (the tie at
+  max + Q/2 goes to the even 2**128) and max finite under RTZ; Inf/NaN T stays.
+  FLUSH (both p): round_fp rounds on the KEEP grid, then a nonzero result below 2**-126
+  becomes a zero of the value's sign (reference.rounding ``_encode_finite``); y * 0.0
+  is that zero (y keeps T's sign, a rounded-away zero included).
+* add of two accumulator / FP32 values (or one and an exact product), F = 1 and the
   cross-group / split-K adds: s = fl64(x + y) and its exact error e (two-sum); if e != 0
   and s's last bit is even, s moves one float64 ulp toward x + y: that is x + y rounded
-  to odd at 53 bits, and rounding-to-odd at >= p + 2 bits followed by any rounding to p
-  bits (here 24, FP32's range being inside float64's) equals the direct rounding
-  (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms
-  using rounding to odd", IEEE TC 2008).
+  to odd at 53 bits, and rounding-to-odd at >= n + 2 bits followed by any rounding to n
+  bits equals the direct rounding (Boldo & Melquiond, "Emulation of FMA and correctly
+  rounded sums: proved algorithms using rounding to odd", IEEE TC 2008); here n = p + 1
+  <= 24 and 53 >= n + 2, with the target's exponent range (subnormals included) inside
+  float64's normal range.
+* cross-group and split-K adds round to FP32 (the reference's ``add_outer`` /
+  ``add_slices``); a group's result enters them as is: ``round_outer`` (FP32) is the
+  identity on accumulator values, whose grid (same exponent range, quantum
+  2**(max(e, -126) - p) >= FP32's) is part of FP32's.
 * zero signs: IEEE's for RNE and RTZ (x + (-x) = +0, -0 + -0 = -0), the reference's
   ``_zero_sign`` for those modes; an aligned step whose terms are all zero is -0 only if
   the accumulator and every product are -0.
@@ -41,11 +63,13 @@ Why each step is exact (values are float64 tensors holding FP32 values):
   for Inf/NaN) and override the finite result; an Inf/NaN accumulator stays.
 
 Split-K slices and groups (G=n) are independent recurrences from +0 (no chain): they run
-as one batch of lanes; the cross-group adds then run in order per slice, and the slices
-are added in order.
+as one batch of lanes in lock step, a lane with fewer steps padded in front (steps of -0
+products keep +0: ``_lanes``); the cross-group adds then run in order per slice, and the
+slices are added in order.
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
@@ -54,12 +78,12 @@ import torch
 from reference.rounding import Mode, Subnormal
 from reference.schedule import AlignRef, Operand, Schedule, ScaleAt
 
-__all__ = ["fast_reason", "operands_reason", "fast_totals", "add_round32", "round32", "BACKENDS"]
+__all__ = ["fast_reason", "operands_reason", "fast_totals", "add_round32", "round32", "add_round_acc",
+           "round_acc", "max_finite", "BACKENDS"]
 
 _I64 = torch.int64
 _F64 = torch.float64
 _SIGN = -(1 << 63)        # the bits of float64 -0.0 as int64
-_TRUNC32 = ~((1 << 29) - 1)  # float64 bits kept by truncation to FP32's 24-bit significand
 _XFLOOR = -900            # exponent of "no nonzero term" (below every real one, >= 2**-800)
 _MODES = (Mode.RNE, Mode.RTZ)
 
@@ -72,7 +96,8 @@ def fast_reason(model, plan: Schedule) -> str | None:
         (plan.scales is not ScaleAt.NONE, "block scales"),
         (m.chain or m.exact_group is not None or m.overflow_inf or m.mma_family, "MMA family"),
         (m.product_format is not None, "product_format"),
-        (m.acc_frac_bits != 23 or m.acc_subnormal is not Subnormal.KEEP, "accumulator not FP32"),
+        (m.acc_frac_bits > 23, "accumulator wider than FP32 (acc_frac_bits > 23)"),
+        (m.acc_subnormal not in (Subnormal.KEEP, Subnormal.FLUSH), "acc_subnormal not KEEP/FLUSH"),
         (m.norm_mode not in _MODES or m.outer_mode not in _MODES, "norm/outer mode not RNE/RTZ"),
     )
     for bad, why in checks:
@@ -120,7 +145,7 @@ def operands_reason(a: torch.Tensor, b: torch.Tensor) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# the two roundings to FP32 (float64 in, float64 holding FP32 values out)
+# the roundings (float64 in, float64 holding FP32 / accumulator-format values out)
 # ---------------------------------------------------------------------------
 def round32(t: torch.Tensor, mode: Mode) -> torch.Tensor:
     """t (float64, exact) rounded to FP32 with RNE or RTZ (IEEE overflow and specials)."""
@@ -131,16 +156,55 @@ def round32(t: torch.Tensor, mode: Mode) -> torch.Tensor:
     return y.to(_F64)
 
 
-def add_round32(x: torch.Tensor, y: torch.Tensor, mode: Mode) -> torch.Tensor:
-    """x + y (float64, each exact: FP32 values or exact products) rounded once to FP32."""
+def max_finite(p: int) -> float:
+    """The largest finite value of ``accumulator_format(p)``: (2 - 2**-p) * 2**127."""
+    return (2.0 - 2.0 ** -p) * 2.0 ** 127
+
+
+def round_acc(t: torch.Tensor, mode: Mode, p: int = 23, flush: bool = False) -> torch.Tensor:
+    """t (float64, exact) rounded to ``reference.gemm.accumulator_format(p)`` (p + 1
+    significant bits, FP32's exponent range, IEEE overflow and specials) with RNE or RTZ;
+    flush: results below 2**-126 become zeros of their sign (``Subnormal.FLUSH``)."""
+    y = round32(t, mode) if p == 23 else _round_narrow(t, mode, p)
+    if flush:
+        y = torch.where(y.abs() < 2.0 ** -126, y * 0.0, y)
+    return y
+
+
+def _round_narrow(t: torch.Tensor, mode: Mode, p: int) -> torch.Tensor:
+    """``round_acc`` for p < 23: t times 1/q, q = 2**(max(e, -126) - p) the quantum at t's
+    exponent e (a power of two: exact, |t/q| < 2**(p+1)), rounded to an integer (trunc =
+    RTZ, torch.round = RNE), times q; then IEEE overflow (RNE: Inf, RTZ: max finite)."""
+    bits = t.view(_I64)
+    eb = ((bits >> 52) & 0x7FF).clamp(min=1023 - 126, max=2046)  # Inf/NaN: replaced below
+    q = ((eb - p) << 52).view(_F64)
+    r = t * ((2046 + p - eb) << 52).view(_F64)
+    y = (torch.trunc(r) if mode is Mode.RTZ else torch.round(r)) * q
+    big = max_finite(p) if mode is Mode.RTZ else math.inf
+    y = torch.where(y.abs() > max_finite(p), torch.copysign(torch.full_like(y, big), t), y)
+    return torch.where(torch.isfinite(t), y, t)
+
+
+def _to_odd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y (float64, each exact) rounded to odd at 53 bits (two-sum, then one ulp)."""
     s = x + y
     bb = s - x
     e = (x - (s - bb)) + (y - bb)            # two-sum: x + y = s + e exactly
     bits = s.view(_I64)
     fix = (e != 0) & ((bits & 1) == 0) & torch.isfinite(s)
     step = torch.where((e > 0) == (s > 0), 1, -1)  # +1 on the bits is one ulp up in magnitude
-    s = torch.where(fix, bits + step, bits).view(_F64)  # now x + y rounded to odd
-    return round32(s, mode)
+    return torch.where(fix, bits + step, bits).view(_F64)
+
+
+def add_round32(x: torch.Tensor, y: torch.Tensor, mode: Mode) -> torch.Tensor:
+    """x + y (float64, each exact: FP32 values or exact products) rounded once to FP32."""
+    return round32(_to_odd(x, y), mode)
+
+
+def add_round_acc(x: torch.Tensor, y: torch.Tensor, mode: Mode, p: int = 23,
+                  flush: bool = False) -> torch.Tensor:
+    """x + y (float64, each exact) rounded once to ``accumulator_format(p)`` (``round_acc``)."""
+    return round_acc(_to_odd(x, y), mode, p, flush)
 
 
 # ---------------------------------------------------------------------------
@@ -149,7 +213,10 @@ def add_round32(x: torch.Tensor, y: torch.Tensor, mode: Mode) -> torch.Tensor:
 def _lanes(plan: Schedule, F: int, Fp: int, device):
     """idx [L, S * Fp] of every group's products, step by step (steps of F products from
     the group's start, each padded to Fp; K marks padding), and comb [slices, groups]: the
-    lane of each group of each slice (-1: none)."""
+    lane of each group of each slice (-1: none).  A group of n < S steps takes the last n
+    steps of its lane: its padding steps come first, where they leave the accumulator +0
+    (every product -0, t = 0: +0 + -0 = +0).  After its steps a padding step would not be
+    the identity: the accumulator aligned alone to align_bits < its width loses bits."""
     groups = [(si, g.lo, g.hi) for si, sl in enumerate(plan.slices) for g in sl.groups]
     S = max(max(-(-(hi - lo) // F) for _, lo, hi in groups), 1)
     idx = torch.full((len(groups), S, Fp), plan.K, dtype=_I64)
@@ -159,7 +226,8 @@ def _lanes(plan: Schedule, F: int, Fp: int, device):
     pos = torch.arange(S)[:, None] * F + torch.arange(Fp)[None, :]  # offset in the group
     ok = torch.arange(Fp)[None, :] < F
     for lane, (si, lo, hi) in enumerate(groups):
-        idx[lane] = torch.where(ok & (pos < hi - lo), lo + pos, plan.K)
+        at = pos - (S + (hi - lo) // -F) * F  # offset in the group, after S - n padding steps
+        idx[lane] = torch.where(ok & (at >= 0) & (at < hi - lo), lo + at, plan.K)
         comb[si, seen[si]] = lane
         seen[si] += 1
     idx = idx.reshape(len(groups), S * Fp)
@@ -169,16 +237,21 @@ def _lanes(plan: Schedule, F: int, Fp: int, device):
     return (None if idx is None else idx.to(device)), comb.to(device), S, pad.to(device)
 
 
-def _gather(x: torch.Tensor, pad, idx, L: int, S: int, F: int) -> torch.Tensor:
-    """[R, K] -> [S, R * L, F] in step-major order (padding: ``pad``; idx None: the lanes'
-    steps are K in order, L * S * F = K)."""
+def _steps(x: torch.Tensor, pad, idx, L: int, S: int, F: int) -> torch.Tensor:
+    """An operand's rows [R, K] -> [S, R, L, F]: its elements in the lanes' step order
+    (padding: ``pad``; idx None: the lanes' steps are K in order, L * S * F = K)."""
     R = x.shape[0]
-    if idx is None:
-        g = x.reshape(R, L, S, F)
-    else:
+    if idx is not None:
         xp = torch.cat([x, torch.full((R, 1), pad, dtype=x.dtype, device=x.device)], 1)
-        g = xp[:, idx.reshape(-1)].reshape(R, L, S, F)
-    return g.permute(2, 0, 1, 3).reshape(S, R * L, F).contiguous()
+        x = xp[:, idx.reshape(-1)]
+    return x.reshape(R, L, S, F).permute(2, 0, 1, 3).contiguous()
+
+
+def _outer(A: torch.Tensor, B: torch.Tensor, op) -> torch.Tensor:
+    """A [S, M, L, F], B [S, N, L, F] -> op(a_ik, b_kj) [S, M * N * L, F], lane (i*N + j)*L + l:
+    built in step-major order at once (the operands are small, the products are not)."""
+    S, M, L, F = A.shape
+    return op(A[:, :, None], B[:, None]).reshape(S, M * B.shape[1] * L, F)
 
 
 def _exps(x: torch.Tensor) -> torch.Tensor:
@@ -212,19 +285,22 @@ def _totals(model, plan: Schedule, a, b, tri: bool) -> torch.Tensor:
     Fp = 1 << (F - 1).bit_length() if tri else F  # Triton: a power of two, -0.0 padding
     idx, comb, S, pad = _lanes(plan, F, Fp, a.device)
     M, N, L = a.shape[0], b.shape[1], pad.shape[1]
-    P = _gather((a[:, None, :] * b.t()[None]).reshape(M * N, -1), -0.0, idx, L, S, Fp)
+    # padding products: -0.0 * 1.0 = -0.0; padding exponent sums: -2**21 + 0
+    P = _outer(_steps(a, -0.0, idx, L, S, Fp), _steps(b.t(), 1.0, idx, L, S, Fp), torch.mul)
     if model.align_bits is None:  # F = 1: the exact FMA chain
-        acc = _chain(P[:, :, 0], model.norm_mode, tri)
+        acc = _chain(P[:, :, 0], model, tri)
     else:
         X = None
         if plan.exp_factors is not None:  # exponent sums of the factors (int32: |x| < 2**22)
-            X = (_exps(a).int()[:, None, :] + _exps(b).t().int()[None]).reshape(M * N, -1)
-            X = _gather(X, -(1 << 21), idx, L, S, Fp)
-        # operands without zeros or specials: no special products, and a step's products
-        # are all -0 only where the step is padding
-        clean = bool(torch.isfinite(a).all() & torch.isfinite(b).all() & (a != 0).all() & (b != 0).all())
-        negz = pad[:, None, :].expand(S, M * N, L).reshape(S, M * N * L) if clean else None
-        acc = _aligned(P, X, model, tri, negz)
+            X = _outer(_steps(_exps(a).int(), -(1 << 21), idx, L, S, Fp),
+                       _steps(_exps(b).t().int(), 0, idx, L, S, Fp), torch.add)
+        # finite operands: no special products; and without zeros a step's products are
+        # all -0 only where the step is padding
+        finite = bool(torch.isfinite(a).all() & torch.isfinite(b).all())
+        negz = None
+        if finite and bool((a != 0).all() & (b != 0).all()):
+            negz = pad[:, None, :].expand(S, M * N, L).reshape(S, M * N * L)
+        acc = _aligned(P, X, model, tri, finite, negz)
     return _combine(acc.reshape(M * N, L), comb, model.outer_mode)
 
 
@@ -250,80 +326,94 @@ def _use_triton(backend: str, device) -> bool:
     return ok
 
 
-def _chain(P: torch.Tensor, mode: Mode, tri: bool) -> torch.Tensor:
-    """P [S, lanes] exact products -> each lane's FP32 FMA chain from +0."""
+def _acc_format(model) -> tuple[int, bool]:
+    """(p, flush): the accumulator's fraction bits and whether it flushes subnormals."""
+    return model.acc_frac_bits, model.acc_subnormal is Subnormal.FLUSH
+
+
+def _chain(P: torch.Tensor, model, tri: bool) -> torch.Tensor:
+    """P [S, lanes] exact products -> each lane's FMA chain from +0 in the accumulator."""
+    p, flush = _acc_format(model)
     if tri:
         from .gemm_fast_triton import chain_lanes
-        return chain_lanes(P, mode is Mode.RTZ)
+        return chain_lanes(P, model.norm_mode is Mode.RTZ, p, flush)
     acc = torch.zeros(P.shape[1], dtype=_F64, device=P.device)
     for s in range(P.shape[0]):
-        acc = add_round32(acc, P[s], mode)
+        acc = add_round_acc(acc, P[s], model.norm_mode, p, flush)
     return acc
 
 
-def _aligned(P: torch.Tensor, X, model, tri: bool, negz=None) -> torch.Tensor:
+def _aligned(P: torch.Tensor, X, model, tri: bool, finite: bool = False, negz=None) -> torch.Tensor:
     """The aligned fused steps of every lane: P [S, lanes, F] products, X their alignment
-    exponents (None: by value).  negz given: the products are finite and negz says which
-    steps' products are all -0.  Returns the lanes' FP32 results."""
-    if negz is None:
+    exponents (None: by value).  finite: every product is finite; negz given: which
+    steps' products are all -0.  Returns the lanes' accumulators (FP32 values)."""
+    if not finite:
         fin = torch.isfinite(P)
         spec = torch.where(fin, 0.0, P).sum(-1)       # Inf/NaN of each step (order-free)
         P = torch.where(fin, P, 0.0)
-        negz = (P.view(_I64) == _SIGN).all(-1)        # every product of the step is -0
     else:
-        spec = torch.zeros(negz.shape, dtype=_F64, device=P.device)
+        spec = torch.zeros(P.shape[:2], dtype=_F64, device=P.device)
+    if negz is None:
+        negz = (P.view(_I64) == _SIGN).all(-1)        # every product of the step is -0
     if X is None:
         X = _exps(P)
     Xb = (X.amax(-1).clamp(min=_XFLOOR) + 1023).to(_I64)  # biased exponent of the step's top
     if tri:
         from .gemm_fast_triton import aligned_lanes
         return aligned_lanes(P, Xb, spec, negz, model.align_bits, model.align_mode is Mode.RTZ,
-                             model.norm_mode is Mode.RTZ)
+                             model.norm_mode is Mode.RTZ, *_acc_format(model))
     return _aligned_torch(P, Xb, spec, negz, model)
 
 
-def _aligned_torch(P, Xb, spec, negz, model) -> torch.Tensor:
-    """The torch loop of ``_aligned``: ~18 elementwise ops per step.  The accumulator joins
-    each step as column 0 of the products; the Inf/NaN handling runs only where some
-    product is special (without, an Inf accumulator stays Inf by itself: Inf times a
-    power of two, rounded, summed with finite terms, rounded to FP32); RTZ to FP32 is a
-    mask of the float64 bits where every nonzero sum is FP32-normal (``_rtz_by_mask``)."""
+def _aligned_torch(P, Xb, spec, negz, model, mask: bool = True) -> torch.Tensor:
+    """The torch loop of ``_aligned``: ~18 elementwise ops per step.  The Inf/NaN handling
+    runs only where some product is special (without, an Inf accumulator stays Inf by
+    itself: Inf times a power of two, rounded, summed with finite terms, rounded); RTZ to
+    the accumulator is a mask of the float64 bits where no product is special and every
+    nonzero sum is FP32-normal (``_rtz_by_mask``) and, checked after the loop, no masked
+    sum exceeds max finite (else the loop runs again with ``round_acc``)."""
     S, RL, _ = P.shape
     ab = model.align_bits
-    P = torch.cat([torch.zeros(S, RL, 1, dtype=_F64, device=P.device), P], 2)
     zs = torch.where(negz, -0.0, 0.0).to(_F64)         # an all-zero step's sign (acc -0 too)
     special = bool((spec != 0).any())
     rnd = torch.trunc if model.align_mode is Mode.RTZ else torch.round  # round: half to even
-    rtz = model.norm_mode is Mode.RTZ
-    mask = rtz and _rtz_by_mask(P, Xb, ab)
+    p, flush = _acc_format(model)
+    mask = mask and model.norm_mode is Mode.RTZ and not special and _rtz_by_mask(Xb, ab)
+    keep = ~((1 << (52 - p)) - 1)  # float64 bits kept by truncation to p + 1 significant bits
     acc = torch.zeros(RL, dtype=_F64, device=P.device)
+    top = torch.zeros(RL, dtype=_F64, device=P.device)  # the largest masked |sum|
     for s in range(S):
-        P[s, :, 0] = acc
         bits = acc.view(_I64)
         # biased emax (a zero acc: 0; an Inf acc: 2045, so that 1/q stays a normal float64)
         eb = torch.maximum((bits >> 52) & 0x7FF, Xb[s]).clamp_(max=2045)
         inv = ((2046 + ab - eb) << 52).view(_F64)          # 2**(ab - emax)
         q = ((eb - ab) << 52).view(_F64)                   # 2**(emax - ab)
-        t = rnd(P[s] * inv[:, None]).sum(1)                # exact integers < 2**52
-        y = (((t * q).view(_I64) & _TRUNC32).view(_F64) if mask
-             else round32(t * q, model.norm_mode))
+        t = rnd(P[s] * inv[:, None]).sum(1) + rnd(acc * inv)  # exact integers < 2**52
+        if mask:
+            y = ((t * q).view(_I64) & keep).view(_F64)
+            top = torch.maximum(top, y.abs())
+        else:
+            y = round_acc(t * q, model.norm_mode, p, flush)
         # an exact zero: -0 only if every term was -0 (t == 0 with a nonzero acc: zs is +0)
         y = torch.where(t == 0, acc * 0.0 + zs[s], y)
         if special:
             z = acc + spec[s]                              # Inf/NaN accumulator or products
             y = torch.where(torch.isfinite(z), y, z)
         acc = y
+    if mask and bool((top > max_finite(p)).any()):  # an overflow the mask missed: redo
+        return _aligned_torch(P, Xb, spec, negz, model, mask=False)
     return acc
 
 
-def _rtz_by_mask(P, Xb, ab: int) -> bool:
-    """Whether every nonzero aligned sum is an FP32-normal value: then RTZ to FP32 is
-    clearing the float64 significand's low 29 bits.  A sum's quantum is at least the
-    step's top product exponent minus ab (>= -126 here), and no sum exceeds the lane's
-    sum of |products| plus rounding slack (< 2**120 here)."""
+def _rtz_by_mask(Xb, ab: int) -> bool:
+    """Whether every nonzero aligned sum is an FP32-normal value: then RTZ to the
+    accumulator (p fraction bits) is clearing the float64 significand's low 52 - p bits
+    up to overflow (nothing to flush; the caller checks overflow).  A sum is a multiple
+    of its q = 2**(emax - ab), emax >= the step's top product exponent (>= -126 + ab
+    here; a step of no nonzero product has emax = the accumulator's, whose own sum was
+    normal or zero)."""
     has = Xb > _XFLOOR + 1023
-    low = bool(((Xb - 1023 - ab >= -126) | ~has).all())
-    return low and bool((P.abs().sum((0, 2)) < 2.0 ** 120).all())
+    return bool(((Xb - 1023 - ab >= -126) | ~has).all())
 
 
 def _combine(tot: torch.Tensor, comb: torch.Tensor, outer_mode: Mode) -> torch.Tensor:

@@ -744,3 +744,330 @@ def test_fast_path_triton_overflow_then_more_terms():
     b = torch.tensor([[2.0 ** 8], [2.0 ** 8], [1.0], [1.0], [1.0]])
     for mm in (m, m.replace(fma_width=2), m.replace(norm_mode=Mode.RTZ)):
         _triton_check(mm, a, b)
+
+
+# --- the fast path with accumulators narrower than FP32 (acc_frac_bits p <= 23, issue 13) ---
+# The Hopper FP8 wgmma models (H200 probe: cuBLAS _scaled_mm e4m3, Triton tl.dot e4m3) keep
+# p = 13 fraction bits with FP32's exponent range.  Oracles: reference.gemm.round_fp (the
+# roundings), hand-worked literals, and the generic engine (_paths="generic") for whole GEMMs.
+_H200_FP8 = {  # reports/baselines/redesign/h200-probe-after.json, devices 7-18 (short forms)
+    "scaled_mm-tensorwise-slow": "F=32 align=13:RTZ:esum acc=13:RTZ G=128:RNE out=float32:RNE",
+    "scaled_mm-tensorwise-fast-bf16": "F=32 align=13:RTZ:esum acc=13:RTZ G=- out=bfloat16:RNE",
+    "scaled_mm-rowwise-slow-bf16": "F=32 align=13:RTZ:esum acc=13:RTZ G=128:RNE alpha=REVERSED out=bfloat16:RNE",
+    "scaled_mm-rowwise-fast": "F=32 align=13:RTZ:esum acc=13:RTZ G=- alpha=REVERSED out=float32:RNE",
+    "triton-dot-32": "F=32 align=13:RTZ:esum acc=13:RTZ G=32:RNE out=float32:RNE",
+    "triton-dot-64": "F=32 align=13:RTZ:esum acc=13:RTZ G=64:RNE out=float32:RNE",
+}
+
+
+def _examples(n: int):
+    return settings(max_examples=n, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+                    deadline=None)
+
+
+def _round_cases(p: int) -> list[float]:
+    """float64 values around every edge of accumulator_format(p): ties and near-ties of
+    the quantum in normal and subnormal binades, min normal, max finite, overflow ties."""
+    vals = [0.0, -0.0, math.inf, -math.inf, math.nan, 2.0 ** -126, 2.0 ** -149, 2.0 ** 128]
+    mf = (2.0 - 2.0 ** -p) * 2.0 ** 127
+    hq = 2.0 ** (126 - p)  # half the quantum at the top binade
+    vals += [mf, mf + hq, mf + hq * (1 - 2.0 ** -30), mf + hq * (1 + 2.0 ** -30), mf + 2 * hq]
+    g = torch.Generator().manual_seed(p)
+    for e in (-150, -140, -130, -127, -126, -125, -1, 0, 1, 60, 126, 127):
+        q = 2.0 ** (max(e, -126) - p)
+        for k in range(-3, 4):  # 2**e plus multiples of half a quantum, and 2**-30 of it off them
+            for off in (0.0, 2.0 ** -30, -(2.0 ** -30)):
+                vals.append(2.0 ** e + (k + off) * q / 2)
+        m = torch.randint(1 << 52, 1 << 53, (8,), generator=g).double()
+        vals += (m * 2.0 ** (e - 52)).tolist()
+    return vals + [-v for v in vals]
+
+
+def _exact_bits(x: torch.Tensor) -> list:
+    """float64 bit patterns, NaNs as one token (NaN payloads are not compared)."""
+    return ["nan" if math.isnan(v) else b for v, b in zip(x.tolist(), x.view(torch.int64).tolist())]
+
+
+@pytest.mark.parametrize("p", [1, 10, 13, 18, 22, 23])
+def test_round_acc_equals_reference_round_fp(p):
+    """gemm_fast.round_acc / add_round_acc == reference.gemm.round_fp(accumulator_format(p))
+    (RNE, RTZ; KEEP, FLUSH) on the format's edges, and add_round_acc == rounding the exact
+    Fraction sum (pairs whose float64 sum double-rounds)."""
+    from reference.exact import Exact, Kind, exact
+    from reference.gemm import accumulator_format, round_fp
+    from reference.rounding import Mode, Subnormal
+    from fp4ref.gemm_fast import add_round_acc, round_acc
+    fmt = accumulator_format(p)
+    vals = _round_cases(p)
+    t = torch.tensor(vals, dtype=torch.float64)
+    xs = [v for v in vals if math.isfinite(v)]
+    x = torch.tensor(xs, dtype=torch.float64)
+    y = x * 2.0 ** -40 + torch.tensor([2.0 ** -93 if i % 2 else -(2.0 ** -94) for i in range(len(xs))],
+                                      dtype=torch.float64)
+    for mode in (Mode.RNE, Mode.RTZ):
+        for sub in (Subnormal.KEEP, Subnormal.FLUSH):
+            want = torch.tensor([float(round_fp(exact(v), fmt, mode, sub)) for v in vals], dtype=torch.float64)
+            got = round_acc(t, mode, p, sub is Subnormal.FLUSH)
+            assert _exact_bits(got) == _exact_bits(want), (p, mode, sub)
+            ws = []
+            for u, w in zip(xs, y.tolist()):
+                s = Fraction(u) + Fraction(w)
+                ex = Exact(Kind.FINITE, s < 0, abs(s)) if s else exact(u + w)
+                ws.append(float(round_fp(ex, fmt, mode, sub)))
+            got = add_round_acc(x, y, mode, p, sub is Subnormal.FLUSH)
+            assert _exact_bits(got) == _exact_bits(torch.tensor(ws, dtype=torch.float64)), (p, mode, sub)
+
+
+def test_narrow_accumulator_literals():
+    """acc=10 (11 significant bits, FP32's range), exact FMA chain; values by hand: ties to
+    even, RTZ, overflow tie to Inf / max finite, subnormal-quantum tie, FTZ to signed zero."""
+    from reference.notation import parse_short
+    u = 2.0 ** -10
+    mf = (2 - u) * 2.0 ** 127
+    a = torch.tensor([[1.0, u / 2], [1.0, 3 * u / 2], [2.0 ** 127, 2.0 ** 127 - 2.0 ** 116],
+                      [2.0 ** -136, 2.0 ** -137], [-(2.0 ** -136), -(2.0 ** -137)], [-0.0, -0.0]])
+    b = torch.ones(2, 1)
+    want = {  # (norm mode, FTZ) -> the six rows (the chain starts at +0: +0 + -0 = +0)
+        ("RNE", False): [1.0, 1 + 2 * u, math.inf, 2.0 ** -135, -(2.0 ** -135), 0.0],
+        ("RTZ", False): [1.0, 1 + u, mf, 2.0 ** -136, -(2.0 ** -136), 0.0],
+        ("RNE", True): [1.0, 1 + 2 * u, math.inf, 0.0, -0.0, 0.0],
+        ("RTZ", True): [1.0, 1 + u, mf, 0.0, -0.0, 0.0],
+    }
+    for (mode, ftz), rows in want.items():
+        m = parse_short(f"F=1 align=exact acc=10:{mode}{':FTZ' if ftz else ''} G=- out=float32:RNE")
+        for p in ("auto", "generic"):
+            got = emulate(m, a, b, _paths=p)
+            assert same_bits(got, torch.tensor(rows)[:, None]), (mode, ftz, p, got.flatten().tolist())
+
+
+def _acc_operands(p: int, K: int, N: int, seed: int, clean: bool = False):
+    """Rows that reach every case of a p-bit accumulator (b's column 0 is 1, so those
+    products are a's values; the other columns are e4m3 values times 2**[-40, 40]):
+    heavy tails; near ties (x of p + 1 bits at 2**e, then odd multiples of 2**(e-p-1..4))
+    in a normal binade, a low one and the top one (ties at max finite + q/2: Inf or not);
+    subnormal-range sums, mixed signs and all negative (FTZ gives -0); overflow then
+    cancellation; with ``clean`` False also Inf / NaN / zeros / -0 rows and exact
+    cancellation.  float32 (a [R, K], b [K, N])."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.rand(*s, generator=g)  # noqa: E731
+    ints = lambda lo, hi, *s: torch.randint(lo, hi, s, generator=g).double()  # noqa: E731
+    sgn = lambda pos, *s: torch.where(rnd(*s) < pos, 1.0, -1.0).double()  # noqa: E731
+
+    def e4m3(*s):  # e4m3fn values, no zeros
+        v = (torch.randn(*s, generator=g) * 8).to(torch.float8_e4m3fn).double()
+        return torch.where(v == 0, 1.0, v)
+    rows = [e4m3(K) * torch.exp2(ints(-40, 41, K))]
+    for e in (ints(-60, 60, 1), ints(-126 + p, -100, 1), torch.tensor([127.0], dtype=torch.float64)):
+        top = 2.0 ** (p + 1) - (4 if p > 2 else 1) if e.item() == 127 else None  # near max finite
+        x = (ints(2 ** p, 2 ** (p + 1), 1) if top is None else torch.tensor([top])) * torch.exp2(e - p)
+        t = (2 * ints(0, 2, K) + 1) * torch.exp2(e - p - ints(1, 5, K)) * sgn(0.6, K)
+        rows.append(torch.cat([x, t[1:]]))
+    rows.append(e4m3(K) * torch.exp2(ints(-140, -126, K)) * sgn(0.5, K))  # subnormal range
+    rows.append(-(1 + ints(0, 64, K) / 64) * torch.exp2(ints(-140, -134, K)))  # bits to 2**-146
+    big = (1 + ints(0, 8, K) / 8) * torch.exp2(ints(120, 128, K))
+    rows.append(big * torch.where(torch.arange(K) < K // 2, 1.0, sgn(0.3, K)))  # overflow
+    if not clean:
+        sp = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0], dtype=torch.float64)
+        for allowed in (sp[[0, 3, 4]], sp[[0, 1]], sp[[2, 3]], sp[[3, 4]]):
+            r = e4m3(K)
+            hit = rnd(K) < 0.1
+            r[hit] = allowed[torch.randint(0, len(allowed), (int(hit.sum()),), generator=g)]
+            rows.append(r)
+        rows.append(torch.full((K,), -0.0, dtype=torch.float64))
+        half = e4m3(K // 2)
+        rows.append(torch.cat([half, -half, torch.zeros(K - 2 * (K // 2), dtype=torch.float64)]))
+    b = torch.cat([torch.ones(K, 1, dtype=torch.float64),
+                   e4m3(K, N - 1) * torch.exp2(ints(-40, 41, K, N - 1))], 1)
+    return torch.stack(rows).float(), b.float()
+
+
+def _acc_model(p, align_mode, norm_mode, G, split, i):
+    """A grid point; F, align_bits, align_ref, FTZ and the exact chain cycle with i."""
+    from reference.rounding import Mode, Subnormal
+    F = (32, 4, 32, 1, 8, 16)[i % 6]
+    kw = dict(fma_width=F, align_bits=(13, p + 2, 25, 8, p)[i % 5], align_mode=align_mode,
+              align_ref=(AlignRef.EXPONENT_SUM, AlignRef.VALUE)[i % 2])
+    if F == 1 and (i // 12) % 2 == 0:  # (i = 3, 9, 27, 33, ...: FTZ on and off)
+        kw = dict(fma_width=1, align_bits=None)  # the exact FMA chain
+    sk, tile = {"1": (1, None), "2": (2, None), "uneven": (3, 64)}[split]
+    return GemmModel(name="acc", acc_frac_bits=p, norm_mode=norm_mode, outer_mode=Mode.RNE,
+                     acc_subnormal=(Subnormal.KEEP, Subnormal.FLUSH)[(i // 2) % 2],
+                     group_size=G, split_k=sk, split_tile=tile, **kw)
+
+
+@pytest.mark.parametrize("p", [13, 10, 18, 23])
+def test_fast_path_narrow_accumulator_grid(p):
+    """acc_frac_bits p x align RTZ/RNE x norm RTZ/RNE x G None/32/128 x split-K 1/2/uneven,
+    each on crafted operands (ties, subnormal sums, overflow, Inf/NaN, -0) and on clean
+    and moderate ones (the finite-operand and RTZ-by-mask branches): fast == generic."""
+    from reference.rounding import Mode
+    from fp4ref.gemm_fast import fast_reason, operands_reason
+    K = 260  # G=128: groups 128, 128, 4; split 2: 130 + 130; uneven: 128, 128, 4
+    ops = [_acc_operands(p, K, 3, 100 + p), _acc_operands(p, K, 3, 200 + p, clean=True)]
+    g = torch.Generator().manual_seed(p)
+    moderate = ((torch.randn(6, K, generator=g) * 8).to(torch.float8_e4m3fn).float() + 2.0 ** -6,
+                (torch.randn(K, 5, generator=g) * 8).to(torch.float8_e4m3fn).float() + 2.0 ** -6)
+    i = 0
+    for am in (Mode.RTZ, Mode.RNE):
+        for nm in (Mode.RTZ, Mode.RNE):
+            for G in (None, 32, 128):
+                for split in ("1", "2", "uneven"):
+                    m = _acc_model(p, am, nm, G, split, i)
+                    i += 1
+                    assert fast_reason(m, m.plan(K)) is None, short(m)
+                    for a, b in ops + ([moderate] if nm is Mode.RTZ else []):
+                        assert operands_reason(a, b) is None
+                        got, want = emulate(m, a, b), emulate(m, a, b, _paths="generic")
+                        assert same_bits(got, want), f"{short(m)}: {mismatch(got, want)}"
+
+
+def test_fast_path_narrow_accumulator_vs_reference():
+    """A few crafted rows against reference.gemm.dot itself (not only the generic engine);
+    accumulators wider than FP32 stay on the generic engine."""
+    from reference.notation import parse_short
+    from fp4ref.gemm_fast import fast_reason
+    wide = parse_short("F=4 align=30:RTZ acc=24:RTZ G=-")
+    assert fast_reason(wide, wide.plan(8)) == "accumulator wider than FP32 (acc_frac_bits > 23)"
+    a, b = _acc_operands(13, 96, 2, 5)
+    for s in ("F=32 align=13:RTZ:esum acc=13:RTZ G=32:RNE split=3/T16",
+              "F=4 align=15:RNE acc=10:RNE:FTZ G=- split=2", "F=1 align=exact acc=18:RTZ G=-"):
+        _check(parse_short(s), a, b, paths=("auto",))
+
+
+@st.composite
+def narrow_problem(draw):
+    """A fast-path model with acc_frac_bits <= 23 and operands of the shared kinds or e4m3."""
+    from reference.rounding import Mode, Subnormal
+    modes = st.sampled_from((Mode.RNE, Mode.RTZ))
+    exact = draw(st.booleans())
+    kw = dict(fma_width=1, align_bits=None) if exact else dict(
+        fma_width=draw(st.sampled_from((1, 2, 4, 32, 1 << 30))),
+        align_bits=draw(st.sampled_from((0, 8, 13, 14, 15, 25, 40))), align_mode=draw(modes),
+        align_ref=draw(st.sampled_from((AlignRef.VALUE, AlignRef.EXPONENT_SUM))))
+    split_k = draw(st.sampled_from((1, 2, 3)))
+    model = GemmModel(name="narrow", acc_frac_bits=draw(st.sampled_from((13, 10, 18, 23, 1, 5))),
+                      acc_subnormal=draw(st.sampled_from((Subnormal.KEEP, Subnormal.FLUSH))),
+                      norm_mode=draw(modes), outer_mode=draw(modes),
+                      group_size=draw(st.sampled_from((None, 4, 32, 128))), split_k=split_k,
+                      split_tile=draw(st.sampled_from((None, 16))) if split_k > 1 else None,
+                      alpha_mode=draw(st.sampled_from(("PREMULTIPLIED", "REVERSED"))),
+                      output=draw(st.sampled_from(("float32", "bfloat16"))), **kw)
+    M, N, K = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 200))
+    kind = draw(st.sampled_from(("e4m3", "spread", "huge", "tiny", "special")))
+    if kind == "e4m3":  # e4m3-like values: 3 fraction bits, 2**-9 .. 480
+        el = st.builds(lambda v, s, e: v * s * 2.0 ** e, st.sampled_from(E4M3_SIG),
+                       st.sampled_from((1.0, -1.0)), st.integers(-9, 8))
+        a = torch.tensor(draw(st.lists(el, min_size=M * K, max_size=M * K))).reshape(M, K)
+        b = torch.tensor(draw(st.lists(el, min_size=K * N, max_size=K * N))).reshape(K, N)
+    else:
+        a, b = draw(matrices(M, K, N, kind, draw(st.sampled_from((kind, "e2m1")))))
+    model = _fit_split(model, K, None)
+    alpha = draw(st.sampled_from((None, [0.375, 2.0 ** -7], [torch.full((M, 1), 1.5), 2.0 ** 90])))
+    return model, a, b, ({} if alpha is None else {"alpha": alpha})
+
+
+E4M3_SIG = (0.0, 1.0, 1.125, 1.25, 1.375, 1.5, 1.625, 1.75, 1.875)
+
+
+@_examples(40)
+@given(narrow_problem())
+def test_fast_path_narrow_accumulator_equals_reference(pt):
+    """Drawn narrow-accumulator models: fast path (taken: checked) == reference == generic."""
+    _fast_check(pt)
+
+
+@pytest.mark.parametrize("name", list(_H200_FP8))
+def test_fast_path_h200_fp8_models(name):
+    """The H200 e4m3 models with _scaled_mm's alpha (tensorwise: two scalars; rowwise:
+    a column and a row of scales) and bfloat16 outputs, K = 1024: fast == generic."""
+    from reference.notation import parse_short
+    from fp4ref.gemm_fast import fast_reason
+    m = parse_short(_H200_FP8[name])
+    g = torch.Generator().manual_seed(len(name))
+    K = 1024
+    assert fast_reason(m, m.plan(K)) is None
+    a = (torch.randn(16, K, generator=g) * 30).to(torch.float8_e4m3fn).float()
+    b = (torch.randn(K, 8, generator=g) * 30).to(torch.float8_e4m3fn).float()
+    if "rowwise" in name:
+        alpha = [torch.rand(16, 1, generator=g) * 0.01, torch.rand(1, 8, generator=g) * 0.01]
+    else:
+        alpha = [0.0123, 0.00731]
+    got = emulate(m, a, b, alpha=alpha)
+    want = emulate(m, a, b, alpha=alpha, _paths="generic")
+    assert same_bits(got, want), f"{name}: {mismatch(got, want)}"
+    corner = [f if isinstance(f, float) else f[:1, :2] for f in alpha]  # outputs [0, 0:2]
+    assert same_bits(got[:1, :2], ref_matmul(m, a[:1], b[:, :2], alpha=corner)), name
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("short_form", ["F=32 align=13:RTZ:esum acc=13:RTZ G=128:RNE split=3/T64",
+                                        "F=4 align=15:RNE acc=10:RNE:FTZ G=32:RTZ split=2",
+                                        "F=1 align=exact acc=13:RTZ G=-",
+                                        "F=1 align=exact acc=18:RNE:FTZ G=- split=3/T64",
+                                        "F=8 align=25:RTZ acc=23:RTZ:FTZ G=-"])
+def test_fast_path_triton_narrow_accumulator(short_form):
+    """The Triton recurrences (interpreter on CPU) with p-bit accumulators == generic."""
+    from reference.notation import parse_short
+    m = parse_short(short_form)
+    p = m.acc_frac_bits
+    _triton_check(m, *_acc_operands(p, 300, 3, 7 + p))
+    _triton_check(m, *_acc_operands(p, 300, 3, 8 + p, clean=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(_H200_FP8))
+def test_fast_path_h200_fp8_cuda_equals_cpu(name):
+    """CUDA (Triton recurrences, and the torch loop) == the CPU fast path, e4m3, K = 4096."""
+    from reference.notation import parse_short
+    m = parse_short(_H200_FP8[name])
+    g = torch.Generator().manual_seed(1)
+    a = (torch.randn(32, 4096, generator=g) * 30).to(torch.float8_e4m3fn).float()
+    b = (torch.randn(4096, 16, generator=g) * 30).to(torch.float8_e4m3fn).float()
+    alpha = [0.0123, 0.00731]
+    cpu = emulate(m, a, b, alpha=alpha)
+    ops = _acc_operands(13, 4096, 4, 3)
+    cpu2 = emulate(m, *ops)
+    for p in ("auto", "fast_torch", "fast_triton"):
+        assert same_bits(emulate(m, a.cuda(), b.cuda(), alpha=alpha, _paths=p).cpu(), cpu), (name, p)
+        assert same_bits(emulate(m, ops[0].cuda(), ops[1].cuda(), _paths=p).cpu(), cpu2), (name, p)
+
+
+def test_fast_path_group_with_fewer_steps():
+    """F=4, G=8, K=12: the second group has one step, the first two.  The fast path's
+    lanes run in lock step; a step of padding after the short group's own step would align
+    its accumulator 2 + 2**-8 (10 bits) alone at align_bits 8 and truncate it to 2 (found
+    by the narrow-accumulator grid).  By hand: group 1 = 8 * 2**-30 = 2**-27, group 2 =
+    (1 + 2**-8) + 1, then 2 + 2**-8 + 2**-27 rounded to FP32 = 2 + 2**-8 (RNE and RTZ)."""
+    from reference.notation import parse_short
+    a = torch.tensor([[2.0 ** -30] * 8 + [1 + 2.0 ** -8, 1.0, 2.0 ** -40, 2.0 ** -40]])
+    b = torch.ones(12, 1)
+    for s in ("F=4 align=8:RTZ acc=23:RTZ G=8:RNE", "F=4 align=8:RTZ acc=13:RTZ G=8:RTZ",
+              "F=4 align=8:RTZ:esum acc=23:RNE G=- split=2/T8"):
+        m = parse_short(s)
+        for p in ("auto", "generic"):
+            assert same_bits(emulate(m, a, b, _paths=p), torch.tensor([[2 + 2.0 ** -8]])), (s, p)
+
+
+@pytest.mark.triton_interpret
+@_examples(25)
+@given(narrow_problem())
+def test_fast_path_triton_narrow_accumulator_drawn(pt):
+    """Drawn narrow-accumulator models through the Triton recurrences == generic."""
+    model, a, b, kw = pt
+    _triton_check(model, a, b, **kw)
+
+
+def test_fast_path_rtz_mask_overflow():
+    """RTZ sums of finite nonzero normal products take the bit-mask branch; an overflow
+    there must still saturate at max finite: (2 - 2**-13) * 2**127 for acc=13 (by hand);
+    with groups (FP32, G=16) each group saturates and the RNE cross-group add overflows
+    to Inf.  The row that does not overflow: 64 * (1 + 2**-6) = 65, exact."""
+    from reference.notation import parse_short
+    a = torch.tensor([[1.5 * 2.0 ** 126] * 64, [-(1.5 * 2.0 ** 126)] * 64, [1.0 + 2.0 ** -6] * 64])
+    b = torch.ones(64, 1)
+    mf = (2 - 2.0 ** -13) * 2.0 ** 127
+    for s, big in (("F=32 align=13:RTZ:esum acc=13:RTZ G=-", mf), ("F=8 align=25:RTZ acc=23:RTZ G=16:RNE", math.inf)):
+        m = parse_short(s)
+        want = torch.tensor([[big], [-big], [65.0]])
+        for p in ("auto", "generic"):
+            assert same_bits(emulate(m, a, b, _paths=p), want), (s, p, emulate(m, a, b, _paths=p))
