@@ -3,10 +3,11 @@ time per kernel, and the host wall time around it), and the special-row rows of 
 distribution table after the counts fix-up.  Public calls only:
 fp4ref.harness.bench_gemm.dist_operands + fp4ref.gemm_triton.prepare.
 
-    python scripts/gpu_profile_gemm.py > profile.log
+    python scripts/gpu_profile_gemm.py [nvfp4,special,mxfp4,host] > profile.log
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict
 
@@ -60,8 +61,33 @@ def report(kind, fmt, M, N, K):
         print(f"   {v / 1e3:9.3f} ms  x{n[k]:<4} {k}")
 
 
-for shape in ((8192, 8192, 8192), (4096, 4096, 4096), (1024, 1024, 4096)):
-    report("gaussian", "nvfp4", *shape)
-for fmt in ("nvfp4", "ue5m3"):
-    for kind in ("heavy_s1", "nan_inf_blocks"):
-        report(kind, fmt, 1024, 1024, 4096)
+def host_profile(fmt, M, N, K, calls=20):
+    """Where prepare's host time goes (cProfile over ``calls`` end-to-end calls, GPU synced)."""
+    import cProfile
+    import pstats
+    ops, alpha = operands("gaussian", fmt, M, N, K)
+    GT.prepare(*ops, fmt=fmt, alpha=alpha)()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        GT.prepare(*ops, fmt=fmt, alpha=alpha)()
+    torch.cuda.synchronize()
+    pr.disable()
+    print(f"== host profile {fmt} gaussian {M}x{N}x{K}, {calls} calls (tottime, top 25)")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
+
+STEPS = sys.argv[1].split(",") if len(sys.argv) > 1 else ["nvfp4", "special"]
+if "nvfp4" in STEPS:
+    for shape in ((8192, 8192, 8192), (4096, 4096, 4096), (1024, 1024, 4096)):
+        report("gaussian", "nvfp4", *shape)
+if "special" in STEPS:
+    for fmt in ("nvfp4", "ue5m3"):
+        for kind in ("heavy_s1", "nan_inf_blocks"):
+            report(kind, fmt, 1024, 1024, 4096)
+if "mxfp4" in STEPS:
+    for shape in ((8192, 8192, 8192), (4096, 4096, 4096)):
+        report("gaussian", "mxfp4", *shape)
+if "host" in STEPS:
+    host_profile("nvfp4", 4096, 4096, 4096)
