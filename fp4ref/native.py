@@ -22,7 +22,7 @@ from typing import Callable
 from reference.gemm import GemmModel
 from reference.notation import from_dict, short, to_dict
 
-__all__ = ["KLayout", "residue_first", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
+__all__ = ["interleaved", "gather_k", "KLayout", "residue_first", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
            "emulate_native", "register_shape_prober", "shape_prober", "alpha_factors", "cublaslt_library",
            "DEFAULT_TABLE"]
 
@@ -61,39 +61,71 @@ def residue_first(K: int, k_tile: int, split_k: int = 1, split_align: int = 1):
     return np.concatenate(parts).astype(np.int64), lens
 
 
+def interleaved(K: int, k_tile: int, split_k: int = 1):
+    """(index, slice lengths) of a kernel that deals K round robin: k-tiles of ``k_tile``
+    (the partial one LAST), slice s holding tiles s, s + split_k, s + 2 split_k, ...
+    (cuBLAS's sm80_xmma FFMA kernels with split-K), each slice zero-filled (-1) to the
+    longest slice's length; the slices' results are added in slice order."""
+    import numpy as np
+    starts = np.arange(0, K, k_tile)
+    slices = [np.concatenate([np.arange(t, min(t + k_tile, K)) for t in starts[s::split_k]] or
+                             [np.zeros(0, np.int64)]) for s in range(split_k)]
+    L = max(len(x) for x in slices)
+    index = np.concatenate([np.concatenate([x, np.full(L - len(x), -1)]) for x in slices])
+    return index.astype(np.int64), [L] * split_k
+
+
+def gather_k(x, index, axis: int):
+    """``x`` (numpy array or torch tensor) taken at ``index`` along ``axis`` (K), +0 where
+    index is -1: the operands a K order's zero fill gives the hardware."""
+    import numpy as np
+    keep, zero = np.maximum(index, 0), index < 0
+    shape = (1, -1) if axis == 1 else (-1, 1)
+    if isinstance(x, np.ndarray):
+        return np.where(zero.reshape(shape), np.zeros((), x.dtype), np.take(x, keep, axis=axis))
+    import torch
+    y = torch.index_select(x, axis, torch.as_tensor(keep, device=x.device))
+    z = torch.as_tensor(zero, device=x.device).reshape(shape)
+    return torch.where(z, torch.zeros((), dtype=x.dtype, device=x.device), y)
+
+
 @dataclass(frozen=True)
 class KLayout:
-    """How a kernel orders K (``residue_first``): k-tiles of ``k_tile``, the partial one
-    first, in ``split_k`` slices rounded up to ``split_align``.  ``pad(a, b)`` gives the
-    operands the schedule's model runs on (zero products are neutral in every fused step,
-    and the hardware multiplies the same zero fill, -0 sums included)."""
+    """How a kernel orders K: k-tiles of ``k_tile`` in ``split_k`` slices, either contiguous
+    slices rounded up to ``split_align`` with the partial tile first (``residue_first``:
+    CUTLASS 2.x) or, with ``interleave``, tiles dealt round robin (``interleaved``: cuBLAS
+    sm80_xmma FFMA).  ``pad(a, b)`` gives the operands the schedule's model runs on (zero
+    products are neutral in every fused step, and the hardware multiplies the same zero
+    fill, -0 sums included)."""
     k_tile: int
     split_k: int = 1
     split_align: int = 1
+    interleave: bool = False
+
+    def index(self, K: int):
+        """(index, slice lengths): the padded product order at length K (-1: zero fill)."""
+        if self.interleave:
+            return interleaved(K, self.k_tile, self.split_k)
+        return residue_first(K, self.k_tile, self.split_k, self.split_align)
 
     def pad(self, a, b):
         """(a', b'): ``a`` [.., K] and ``b`` [K, ..] (tensors) with the zero fill inserted."""
-        import torch
-        index, _ = residue_first(int(a.shape[1]), self.k_tile, self.split_k, self.split_align)
-        if (index >= 0).all():
-            return a, b
-        keep = torch.as_tensor(index.clip(min=0), device=a.device)
-        zero = torch.as_tensor(index < 0, device=a.device)
-        pa = torch.where(zero.reshape(1, -1), torch.zeros((), dtype=a.dtype, device=a.device),
-                         a.index_select(1, keep))
-        pb = torch.where(zero.reshape(-1, 1).to(b.device), torch.zeros((), dtype=b.dtype, device=b.device),
-                         b.index_select(0, keep.to(b.device)))
-        return pa, pb
+        index, _ = self.index(int(a.shape[1]))
+        import numpy as np
+        if len(index) == a.shape[1] and np.array_equal(index, np.arange(len(index))):
+            return a, b  # K as given
+        return gather_k(a, index, 1), gather_k(b, index, 0)
 
     def model(self, base: GemmModel, K: int) -> GemmModel:
         """``base`` with the padded slices of a length-K dot as its split-K schedule."""
-        _, lens = residue_first(K, self.k_tile, self.split_k, self.split_align)
+        _, lens = self.index(K)
         if len(lens) == 1:
             return base.replace(split_k=1, split_tile=None)
         return base.replace(split_k=len(lens), split_tile=lens[0])
 
     def to_dict(self) -> dict:
-        return {"k_tile": self.k_tile, "split_k": self.split_k, "split_align": self.split_align}
+        d = {"k_tile": self.k_tile, "split_k": self.split_k, "split_align": self.split_align}
+        return {**d, "interleave": True} if self.interleave else d
 
 
 @dataclass(frozen=True)
@@ -114,6 +146,7 @@ class ShapeSchedule:
     block: int | None = None
     env: dict = field(default_factory=dict, compare=False, hash=False)
     layout: KLayout | None = None   # None: the model runs on the operands as given
+    predicted_split: int | None = None  # the library heuristic's split-K count, where read
 
     def __post_init__(self):
         object.__setattr__(self, "shape", _shape(self.shape))
@@ -134,14 +167,16 @@ class ShapeSchedule:
                 "source": self.source, "checked_outputs": int(self.checked_outputs),
                 "matches": int(self.matches), "wall_s": round(float(self.wall_s), 4),
                 "block": self.block, "env": dict(self.env),
-                "layout": None if self.layout is None else self.layout.to_dict()}
+                "layout": None if self.layout is None else self.layout.to_dict(),
+                "predicted_split": self.predicted_split}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShapeSchedule":
         return cls(d["device"], tuple(d["shape"]), from_dict(d["model"]), tuple(d.get("kernels", ())),
                    d.get("family", ""), d.get("source", "probe"), int(d.get("checked_outputs", 0)),
                    int(d.get("matches", 0)), float(d.get("wall_s", 0.0)), d.get("block"),
-                   dict(d.get("env") or {}), KLayout(**d["layout"]) if d.get("layout") else None)
+                   dict(d.get("env") or {}), KLayout(**d["layout"]) if d.get("layout") else None,
+                   d.get("predicted_split"))
 
     def replace(self, **kw) -> "ShapeSchedule":
         from dataclasses import replace

@@ -207,19 +207,41 @@ def _same(x, y) -> int:
 
 
 def layout_candidates(device_name: str, kernels, K: int, output: str) -> list:
-    """(model, KLayout) pairs of the kernel rows that reorder K (residue-first k-tiles), one
-    per distinct split-K slicing (probes.kernels.split_counts); [] without such rows."""
+    """(model, KLayout) pairs of the kernel rows that reorder K (residue-first k-tiles or
+    round-robin slices), one per distinct split-K slicing (probes.kernels.split_counts);
+    [] without such rows."""
     try:
         from .kernels import kernel_klayout, kernel_models, split_counts
     except ImportError:
         return []
     out = []
     for row in kernel_models(device_name, list(kernels)):
-        if row.k_tile:
+        if row.k_tile or row.split_interleave:
             for S in split_counts(row, K):
-                lay = kernel_klayout(row, S)
+                lay = kernel_klayout(row, S, K)
                 out.append((lay.model(row.gemm_model, K).replace(output=output), lay))
     return out
+
+
+def predicted_first(cands: list, split: int | None) -> list:
+    """``cands`` with those of ``split`` split-K slices first (stable): the library's own
+    prediction (cublaslt_heuristic) tried before the rest, never instead of it."""
+    if not split:
+        return cands
+
+    def slices(c):
+        m = c[0] if isinstance(c, tuple) else c
+        return m.split_k or 1
+    return sorted(cands, key=lambda c: slices(c) != split)
+
+
+def heuristic_split(device_name: str, shape) -> int | None:
+    """cuBLASLt's predicted split-K slice count at ``shape`` (None: no prediction; the sm_90
+    kernels report no split attribute, 2**32 - 1)."""
+    if not device_name.startswith("cuda-cublas-"):
+        return None
+    s = cublaslt_heuristic(device_name, shape).get("split_k")
+    return s if isinstance(s, int) and 1 <= s < 1 << 16 else None
 
 
 def _padded(b: Batch, lay) -> Batch:
@@ -303,6 +325,8 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     cands = rank_by_probe(cands, K, zero)
     if dev.caps.block is None:  # kernels that reorder K come first: the most specific answer
         cands = layout_candidates(dev.name, kernels, K, out_fmt) + cands
+    predicted = heuristic_split(dev.name, shape)
+    cands = predicted_first(cands, predicted)
     r, c = _sample(M, N, outputs, g, batch.a.device)
     sub, want = batch.sub(r, c), got[r][:, c]
     best, lay, best_n = _search(cands, sub, want, dev.caps, t0 + budget_s)
@@ -312,7 +336,7 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
         best_n = _same(_emulate(best, _padded(sub, lay), dev.caps.block), want)
     entry = ShapeSchedule(dev.name, shape, best, tuple(kernels), family, "probe", int(want.numel()),
                           best_n, time.perf_counter() - t0, dev.caps.block, environment_key(dev.name),
-                          layout=lay)
+                          layout=lay, predicted_split=predicted)
     if table is not None:
         table.add(entry)
     return entry

@@ -9,17 +9,24 @@ evidence per row; tests/test_probes_kernels.py replays committed excerpts).
 Two properties of these kernels are per launch or outside the model family, so a row
 carries them next to its model:
 
-* split-K: cuBLAS picks the number of slices S per shape (3, 4, 13 and 26 were seen), in-
-  kernel ("serial", a Memset of the semaphores precedes it) or through a separate
-  ``splitKreduce_kernel`` ("parallel").  Both add the FP32 slice results in slice order,
-  which is the family's split-K add.  Each slice but the last holds ceil(K / S) rounded up
-  to ``split_align`` elements (16 bytes of the operand).  S is left to the caller.
+* split-K: cuBLAS picks the number of slices S per shape (3 .. 44 were seen), in-kernel
+  ("serial", a Memset of the semaphores precedes it) or through a separate
+  ``splitKreduce_kernel`` / ``execute_split_k_kernel`` ("parallel").  Both add the FP32 slice
+  results in slice order, which is the family's split-K add.  Each slice but the last holds
+  ceil(K / S) rounded up to ``split_align`` elements (16 bytes of the operand), or to whole
+  k-tiles when K is a multiple of ``k_tile`` (``slice_align``).  S is left to the caller.
 * residue-first k-tiles (``k_tile``): CUTLASS 2.x predicated iterators load the partial
   k-tile (slice length mod k_tile) FIRST, zero-filled, then whole tiles; the F-wide MMA steps
   start at each tile's start.  The family's fused steps start at the slice start and leave
   the partial step last, so at K % k_tile != 0 the family model alone differs.
   ``kernel_operands`` inserts the zero fill into the operands (what the hardware multiplies)
   and returns the family model that then reproduces the kernel bit for bit.
+* interleaved split-K (``split_interleave``, the sm80_xmma SIMT FP32 kernels): K is cut into
+  tiles of ``split_interleave`` products (the partial tile last) and slice s takes tiles
+  s, s + S, s + 2S, ... (round robin), each slice one FMA chain.  ``kernel_operands`` gathers
+  each slice's products contiguously (zero-filled to equal lengths: +0 products leave an FMA
+  chain unchanged) so the family's split-K model reproduces it.  ``fp4ref.native.KLayout``
+  cannot express this order (contiguous slices only).
 """
 from __future__ import annotations
 
@@ -32,10 +39,10 @@ from reference.gemm import GemmModel
 from reference.notation import parse_short
 from reference.schedule import split_bounds
 
-from fp4ref.native import KLayout, residue_first
+from fp4ref.native import KLayout, gather_k
 
 __all__ = ["KernelModel", "KERNEL_MODELS", "kernel_models", "models_for_kernels", "kernel_family", "kernel_klayout",
-           "kernel_layout", "kernel_operands", "split_counts"]
+           "kernel_layout", "kernel_operands", "slice_align", "split_counts"]
 
 _TC = "F=8 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"    # mma.sync m16n8k8 (bf16/f16/tf32)
 _TC16 = "F=16 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"  # mma.sync m16n8k16
@@ -48,7 +55,8 @@ class KernelModel:
     """One row: kernels whose name matches ``pattern`` (re.search) on devices whose name
     starts with one of ``devices`` compute ``model`` (short form, split_k = 1), with
     split-K slices rounded up to ``split_align`` elements and residue-first k-tiles of
-    ``k_tile`` products (None: the family's step layout is the kernel's)."""
+    ``k_tile`` products (None: the family's step layout is the kernel's); with
+    ``split_interleave`` the slices take tiles of that many products round robin."""
     pattern: str
     devices: tuple[str, ...]
     model: str
@@ -56,16 +64,20 @@ class KernelModel:
     confirmed: bool = True
     k_tile: int | None = None
     split_align: int | None = None
+    split_interleave: int | None = None
 
     def __post_init__(self):
         re.compile(self.pattern)  # a bad regex fails at import, not at lookup
         if not self.devices or not all(isinstance(d, str) and d for d in self.devices):
             raise ValueError(f"KernelModel.devices: invalid value {self.devices!r}; valid choices: "
                              "a non-empty tuple of device-name prefixes")
-        for name in ("k_tile", "split_align"):
+        for name in ("k_tile", "split_align", "split_interleave"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"KernelModel.{name}: invalid value {v!r}; valid choices: None or an int >= 1")
+        if self.k_tile and self.split_interleave:
+            raise ValueError(f"KernelModel.split_interleave: invalid value {self.split_interleave!r} with "
+                             f"k_tile={self.k_tile}; valid choices: None when k_tile is set")
         parse_short(self.model)
 
     @property
@@ -79,12 +91,14 @@ class KernelModel:
 
 KERNEL_MODELS: tuple[KernelModel, ...] = (
     KernelModel(
-        r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_(256x128|128x128)_nn_align1", _HALF, _TC,
+        r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_(256x128|128x128|64x64)_nn_align1", _HALF, _TC,
         "H200 survey dumps, 256/256 outputs each, bf16 and f16: 256x128 at 3485x2609x8375 (serial "
         "split-K, 3 slices 2792+2792+2791), 3332x2661x14955 (bf16 4 x 3744 .. 3723; f16 3 x 4992 .. "
         "4971), 2063x2485x15905 (3 x 5304 .. 5297); 128x128 at 1106x1261x672 (no split). Misses: "
         "F=16 0..51/256 per dump, value alignment 1989/2048, no residue-first tile 26..256/256, "
-        "k-tile 16 or 64 246..255/256",
+        "k-tile 16 or 64 246..255/256. Random-shape dumps (32 outputs each): 256x128 bf16 at "
+        "1555x911x4416 (splitKreduce, 5 x 896 .. 832: whole k-tiles as 4416 % 32 == 0; 888 misses), "
+        "64x64 bf16 at 3504x20x13671 (splitKreduce, 19 x 720 .. 711): 64/64",
         k_tile=32, split_align=8),
     KernelModel(
         r"cutlass_80_tensorop_s16816gemm_(bf16|f16)_64x64_32x6_nn_align2", _HALF, _TC16,
@@ -93,26 +107,58 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "misses: F=8 94 and 18/256, no residue-first tile 215 and 176/256, k-tile 16 or 64 231..254/256",
         k_tile=32, split_align=8),
     KernelModel(
-        r"cutlass_80_tensorop_s1688gemm_(128x256|256x128|128x128|64x64)_32x\d+_nn_align[14]",
+        r"cutlass_80_tensorop_s16816gemm_(bf16|f16)_(256x128|128x256)_64x3_nn_align2", _HALF, _TC16,
+        "H200 random-shape dumps (4 x 8 outputs each), 256/256: bf16 256x128 at 270x2826x16350 (serial, "
+        "11 x 1488 ..), 1010x1792x8094 (2), 1066x2006x1534 (3), 2862x2446x14600 (6 x 2440 ..); bf16 "
+        "128x256 at 4061x3504x6908 (2), 3760x3960x9340 (3); f16 128x256 at 1776x1612x7338 (4), "
+        "2047x3414x3352 and 2318x4060x1160 (no split); f16 256x128 at 1111x3056x858 (no split). "
+        "k-tile 32 reproduces these dumps equally (they never tell 32 from 64); misses: no "
+        "residue-first tile 29/32 at 1111x3056x858, k-tile 16 at 1111x3056x858 and 1776x1612x7338, "
+        "slices rounded to 16 at 2862x2446x14600 28/32",
+        k_tile=64, split_align=8),
+    KernelModel(
+        r"cutlass_80_tensorop_s1688gemm_(128x256|256x128|128x128|128x64|64x64)_32x\d+_nn_align[14]",
         ("cuda-cublas-tf32",), _TC,
         "H200 survey dumps, 256/256 each: 128x256_32x3 align1 at 3485x2609x8375 (serial, 3 x "
         "2792 ..) and 3332x2661x14955 (4 x 3740 .. 3735); 256x128_32x3 align1 at 2063x2485x15905 "
         "(3 x 5304 ..); 64x64_32x6 align4 at 309x68x2872 (parallel, 13 x 224 ..); 128x128_32x3 "
         "align1 at 1106x1261x672 (no split): 4096/4096 in the survey's own GPU check. "
         "Misses: G=64 (the sm90 model) 10/256 at 309x68x2872, value alignment 964/1024, F=4 or 16 "
-        "0..19/256 per dump, k-tile 16 or 64 244..253/256, no residue-first tile 14..256/256",
+        "0..19/256 per dump, k-tile 16 or 64 244..253/256, no residue-first tile 14..256/256. "
+        "Random-shape dumps (32 outputs each), 160/160: splitKreduce at 135x404x6334 (128x256, "
+        "33 x 192 .. 190), 203x37x13412 (64x64_32x6, 33 x 408 .. 356), 55x283x8870 (128x64_32x6, "
+        "44 x 204 .. 98) and 168x276x13067 (128x256, 44 x 300 .. 167): S up to 44; serial at "
+        "1417x3535x8192 (128x256, 3 x 2752 .. 2688: whole k-tiles as 8192 % 32 == 0; 2732 misses 31/32)",
         k_tile=32, split_align=4),
     KernelModel(
         r"cutlass_80_simt_sgemm_(256x128_8x4|128x64_8x5)_nn_align1", ("cuda-cublas-fp32",), _FMA,
         "H200 survey dumps, 256/256 each: 256x128_8x4 at 3485x2609x8375 (serial, 3 x 2792 ..) and "
         "3332x2661x14955 (4 x 3740 .. 3735); 128x64_8x5 at 309x68x2872 (parallel, 26 x 112 .. 72). "
-        "Misses: F=2 45/768, RTZ normalization 2/768",
+        "Misses: F=2 45/768, RTZ normalization 2/768. Random-shape dumps (32 outputs each) of "
+        "256x128_8x4, 128/128: serial at 2793x1904x8743 (3), 587x3620x15257 (5), 2813x3606x4015 (4); "
+        "splitKreduce at 198x1441x11306 (11 x 1028 ..)",
         k_tile=None, split_align=4),
     KernelModel(
-        r"sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize64x64x8_stage3_warpsize1x4x1_ffma",
+        r"sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize\d+x\d+x8_stage3_warpsize\d+x\d+x1_ffma",
         ("cuda-cublas-fp32",), _FMA,
-        "survey's own H200 check at 1106x1261x672 (no split): 4096/4096; no dump",
-        k_tile=None, split_align=4),
+        "H200 random-shape dumps (32 outputs each), 192/192: split-K over 8-wide k-tiles dealt round "
+        "robin (slice s: tiles s, s+S, ..; the partial tile last), each slice an FMA chain, slices "
+        "added in order: 64x64x8 at 818x1537x4023 (Memset, S=10) and 386x207x5935 (split_k_kernel, "
+        "14); 64x128x8 at 2997x1581x6751 (Memset, 6); 128x128x8 at 587x518x13172 (10); 256x128x8 "
+        "at 510x2247x1126 (3); 128x64x8 at 1306x548x13995 (5). Misses: contiguous slices (S <= 80, "
+        "rounded to 1, 4 or 8) 26..28/32 per dump, the partial tile first 25..29/32, tiles of 16..128 "
+        ">= 25/32 at 510x2247x1126; survey's own H200 check of 64x64x8 at 1106x1261x672: 4096/4096",
+        split_interleave=8, split_align=4),
+    KernelModel(
+        r"sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize\d+x\d+x32_warpgroupsize\d+x1x1_execute_segment_k",
+        ("cuda-cublas-tf32",), _TC,
+        "H200 random-shape dumps (32 outputs each), 96/96: per output tile either one segment or "
+        "two (split=2/T32: the first ceil(K/2) rounded up to 32); no promotion (G=-, unlike the sm_90 "
+        "device model's G=64). 64x256x32 at 1945x568x13960 (all 32 sampled outputs unsplit) and "
+        "273x1608x12664 (all split, 6336 + 6328); 128x256x32 at 2223x2468x9324 (n-tiles 0, 3 and "
+        "m-tile 13 x n-tile 7 unsplit: 17; the other 15 split 4672 + 4652). Which tiles are split "
+        "is per launch, so the caller tries S = 1 and 2. Misses: G=64 32/32 per dump",
+        k_tile=None, split_align=32),
     # Hypotheses: the same instruction and mainloop at tile sizes / layouts not yet seen.
     KernelModel(r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_", _HALF, _TC,
                 "unconfirmed: other tiles/layouts of the confirmed cutlass_75 s1688 row",
@@ -121,10 +167,8 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
                 "unconfirmed: other tiles/layouts (k-tile 32) of the confirmed s16816 row",
                 confirmed=False, k_tile=32, split_align=8),
     KernelModel(r"cutlass_80_tensorop_s16816gemm_(bf16|f16)_\d+x\d+_64x", _HALF, _TC16,
-                "unconfirmed: the s16816 mainloop with a 64-wide k-tile (name: _64x3 / _64x6). "
-                "The H200 random-shape run (reports/baselines/shapes/) met 256x128_64x3 and "
-                "128x256_64x3 kernels at 13 shapes and no row explained them (k-tile 32 "
-                "assumed there); k_tile = the name's threadblock K, to be confirmed",
+                "unconfirmed: other tiles of the s16816 mainloop with a 64-wide k-tile (name: "
+                "_64xN); 256x128_64x3 and 128x256_64x3 are confirmed above",
                 confirmed=False, k_tile=64, split_align=8),
     KernelModel(r"cutlass_80_tensorop_s1688gemm_\d+x\d+_32x", ("cuda-cublas-tf32",), _TC,
                 "unconfirmed: other tiles/layouts (k-tile 32) of the confirmed tf32 s1688 row",
@@ -193,15 +237,29 @@ def kernel_family(kernel_names) -> str:
     return short[:60] + extra
 
 
-def split_counts(row: KernelModel, K: int, max_split: int = 32) -> list[int]:
+def slice_align(row: KernelModel, K: int) -> int:
+    """The multiple split-K slices are rounded up to at length K: whole k-tiles when K is a
+    multiple of ``row.k_tile`` (tf32 8192 = 2752 x 2 + 2688, bf16 4416 = 896 x 4 + 832; 16
+    bytes of the operand would give 2732 / 888 and miss), else ``row.split_align``."""
+    K = _check_int("K", K, 0)
+    if row.k_tile and K and K % row.k_tile == 0:
+        return row.k_tile
+    return row.split_align or 1
+
+
+def split_counts(row: KernelModel, K: int, max_split: int = 64) -> list[int]:
     """The split-K slice counts S = 1..max_split that cut K differently under ``row``'s
-    slice rounding (each distinct slicing once, the smallest S first)."""
+    slicing (each distinct slicing once, the smallest S first).  S up to 44 was seen (tf32
+    s1688 with splitKreduce at 55x283x8870 and 168x276x13067)."""
     K = _check_int("K", K, 0)
     max_split = _check_int("max_split", max_split, 1)
     seen, out = set(), []
     for S in range(1, max_split + 1):
-        b = tuple(split_bounds(K, S, row.split_align or 1))
-        if b not in seen:
+        if row.split_interleave:  # every S deals the tiles differently (while tiles remain)
+            b = (S,) if S <= max(1, -(-K // row.split_interleave)) else None
+        else:
+            b = tuple(split_bounds(K, S, slice_align(row, K)))
+        if b is not None and b not in seen:
             seen.add(b)
             out.append(S)
     return out
@@ -221,20 +279,26 @@ def kernel_layout(row: KernelModel, K: int, split_k: int = 1) -> tuple[np.ndarra
     K = _check_int("K", K, 0)
     split_k = _check_int("split_k", split_k, 1)
     base = row.gemm_model
-    if not row.k_tile:
+    lay = kernel_klayout(row, split_k, K)
+    if lay is None:  # contiguous slices, K in order
         bounds = split_bounds(K, split_k, row.split_align or 1) if K else [(0, 0)]
         index = np.arange(K, dtype=np.int64)
         if len(bounds) == 1:
             return index, base.replace(split_k=1, split_tile=None)
         return index, base.replace(split_k=split_k, split_tile=row.split_align or 1)
-    lay = KLayout(row.k_tile, split_k, row.split_align or 1)
-    index, _ = residue_first(K, lay.k_tile, lay.split_k, lay.split_align)
+    index, _ = lay.index(K)
     return index, lay.model(base, K)
 
 
-def kernel_klayout(row: KernelModel, split_k: int = 1) -> KLayout | None:
-    """The schedule table's form of ``row``'s K order with ``split_k`` slices (None: as given)."""
-    return KLayout(row.k_tile, split_k, row.split_align or 1) if row.k_tile else None
+def kernel_klayout(row: KernelModel, split_k: int = 1, K: int | None = None) -> KLayout | None:
+    """The schedule table's form of ``row``'s K order with ``split_k`` slices (None: K as
+    given, contiguous slices).  Pass K: at K % k_tile == 0 the slices are whole k-tiles
+    (``slice_align``)."""
+    if row.split_interleave:
+        return KLayout(row.split_interleave, split_k, 1, interleave=True)
+    if not row.k_tile:
+        return None
+    return KLayout(row.k_tile, split_k, row.split_align or 1 if K is None else slice_align(row, K))
 
 
 def kernel_operands(row: KernelModel, a, b, split_k: int = 1):
@@ -247,19 +311,4 @@ def kernel_operands(row: KernelModel, a, b, split_k: int = 1):
     index, model = kernel_layout(row, K, split_k)
     if (index >= 0).all():
         return a, b, model
-    return _gather(a, index, 1), _gather(b, index, 0), model
-
-
-def _gather(x, index: np.ndarray, axis: int):
-    """x taken at ``index`` along ``axis``, +0 where index is -1."""
-    keep = np.maximum(index, 0)
-    zero = index < 0
-    if isinstance(x, np.ndarray):
-        y = np.take(x, keep, axis=axis)
-        shape = (1, -1) if axis == 1 else (-1, 1)
-        return np.where(zero.reshape(shape), np.zeros((), x.dtype), y)
-    import torch  # a tensor: gather on its device
-    idx = torch.as_tensor(keep, device=x.device)
-    y = torch.index_select(x, axis, idx)
-    z = torch.as_tensor(zero, device=x.device).reshape((1, -1) if axis == 1 else (-1, 1))
-    return torch.where(z, torch.zeros((), dtype=x.dtype, device=x.device), y)
+    return gather_k(a, index, 1), gather_k(b, index, 0), model

@@ -158,6 +158,8 @@ def _one_shape(dev, shape, base_model, table, seed, outputs, explain) -> dict:
     return {"refused": None, "kernels": kernels, "family": sched.family,
             "model": short(sched.model), "source": sched.source, "explained": int(sched.matches),
             "explain_outputs": int(sched.checked_outputs), "explain_s": round(float(sched.wall_s), 3),
+            "layout": None if sched.layout is None else sched.layout.to_dict(),
+            "predicted_split": sched.predicted_split,
             "outputs": int(eq.numel()), "matches": int(eq.sum()),
             "first_mismatch": _first_mismatch(eq, sub, emulated, rows, cols, dev.caps.output),
             "wall_s": round(time.perf_counter() - t0, 3)}
@@ -232,18 +234,39 @@ def declared_refusal(dev, shape) -> str | None:
             f"of {rule[0]}, K of {rule[1]}")
 
 
+def _missed(r: dict) -> bool:
+    """An accepted line that is not bit-exact (a tool error included)."""
+    return bool(r.get("error")) or "outputs" not in r or r["matches"] != r["outputs"]
+
+
+def latest_lines(records) -> dict:
+    """{(device, env, seed, draw): the last line} of accepted draws: a retried shape's new
+    line supersedes the old one (refused lines are not keyed: each counts)."""
+    out = {}
+    for r in records:
+        if r.get("refused") is None:
+            key = (r["device"], json.dumps(r.get("env"), sort_keys=True), r.get("seed"), r.get("draw"))
+            out[key + tuple(r.get("shape") or ())] = r
+    return out
+
+
 class _Sequence:
     """One device's seeded draw sequence.  Resumes after the last draw in the log; refused
     draws are counted into the next record (``refused_before``), not logged one by one
     (_scaled_mm refuses 255 of 256)."""
 
-    def __init__(self, dev, seed, env, max_mn, max_k, records):
+    def __init__(self, dev, seed, env, max_mn, max_k, records, retry=False):
         self.dev, self.seed, self.env = dev, seed, env
         self.rng = np.random.default_rng(_stable_seed(seed, dev.name, max_mn, max_k))
         self.max_mn, self.max_k = max_mn, max_k
         mine = [r for r in records if r["device"] == dev.name and r.get("env") == env and r.get("seed") == seed]
         self.done = {tuple(r["shape"]) for r in mine if r.get("refused") is None}
         self.accepted = len(self.done)
+        # retry: the accepted shapes whose latest line missed, checked again first (the tool
+        # got better; their new lines supersede the old ones in the summary)
+        self.retry = [(int(r["draw"]), tuple(r["shape"])) for r in latest_lines(mine).values()
+                      if r.get("refused") is None and _missed(r)] if retry else []
+        self.retried = {d for d, _ in self.retry}
         start = max((int(r.get("draw", -1)) for r in mine), default=-1) + 1
         self.base, self.buf, self.ok = 0, [], np.zeros(0, bool)
         while self.base + BLOCK <= start:  # fast-forward over the logged part of the stream
@@ -274,6 +297,8 @@ class _Sequence:
     def next_new(self):
         """(draw index, shape) of the next shape to run (declared refusals counted and
         skipped, logged shapes skipped); None past a cap of refusals in a row."""
+        if self.retry:
+            return self.retry.pop(0)
         while self.called < MAX_DRAWS_PER_SHAPE and self.declared < MAX_DECLARED:
             if self.pos >= len(self.buf):
                 self.base += len(self.buf)
@@ -314,12 +339,13 @@ class _Sequence:
         """The log line of a shape run; refusals counted since the previous line go with it."""
         refused = fields.get("refused") is not None
         if not refused:  # accepted, whether it then validated or raised in the tool
+            self.accepted += shape not in self.done
             self.done.add(shape)
-            self.accepted += 1
             self.called = self.declared = 0
             self.walls.append(fields["wall_s"] / shape[2])
         rec = {"v": LOG_VERSION, "device": self.dev.name, "env": self.env, "seed": self.seed,
                "draw": int(index), "shape": list(shape), **fields, "refused_before": self.refused,
+               **({"retry": True} if int(index) in self.retried and not refused else {}),
                "refused_example": None if refused else self.example,
                "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         self.refused, self.example = 0, None
@@ -329,6 +355,7 @@ class _Sequence:
 def validate_shapes(devices, *, base_models: dict, shapes_per_device: int, seed: int = 0,
                     log_path, time_limit_s: float | None = None, table=None, outputs: int = 4096,
                     max_mn: int = 4096, max_k: int | None = 16384, explain=None, explain_budget_s: float | None = None,
+                    retry_misses: bool = False,
                     progress=None) -> dict:
     """Validate each device on ``shapes_per_device`` accepted random shapes in all (shapes
     already in the log count; a rerun resumes the same seeded sequence), round robin so that
@@ -353,7 +380,8 @@ def validate_shapes(devices, *, base_models: dict, shapes_per_device: int, seed:
             skipped[dev.name] = "no base model (not in the baseline report, or no model there)"
             continue
         seqs.append(_Sequence(dev, seed, environment_key(dev), max_mn,
-                              dev.caps.max_k if max_k is None else min(max_k, dev.caps.max_k), records))
+                              dev.caps.max_k if max_k is None else min(max_k, dev.caps.max_k), records,
+                              retry=retry_misses))
     log, count, stopped = _Log(log_path), [0], None
     try:
         stopped = _round_robin(seqs, base_models, shapes_per_device, table, outputs, explain,
@@ -371,7 +399,7 @@ def _round_robin(seqs, base_models, target, table, outputs, explain, log, deadli
     """One accepted shape per device per round (refused draws in between are cheap) until
     each has ``target`` or the time is spent; ``count[0]``: lines written.  Returns why it
     stopped early (None: every device has its shapes or stopped on its own)."""
-    active = [s for s in seqs if s.accepted < target]
+    active = [s for s in seqs if s.accepted < target or s.retry]
     while active:
         for s in list(active):
             if deadline is not None and time.perf_counter() >= deadline:
@@ -379,7 +407,7 @@ def _round_robin(seqs, base_models, target, table, outputs, explain, log, deadli
                     t.stopped = f"time limit: {t.accepted} of {target} shapes done"
                 return f"time limit reached; {len(active)} devices unfinished"
             if not _turn(s, base_models[s.dev.name], table, outputs, explain, log, deadline, progress, count) \
-                    or s.accepted >= target:
+                    or (s.accepted >= target and not s.retry):
                 active.remove(s)
     return None
 
@@ -388,8 +416,7 @@ def _turn(s, base_model, table, outputs, explain, log, deadline, progress, count
     """Draw shapes for one device until one is accepted (refusals are counted into its line);
     False when the device stops (a cap of refusals in a row, or its next shape would end
     after the deadline)."""
-    before = s.accepted
-    while s.accepted == before:
+    while True:   # until one shape is accepted (a retried one included)
         nxt = s.next_new()
         if nxt is None:
             log.write(s.cap_record())
@@ -408,7 +435,7 @@ def _turn(s, base_model, table, outputs, explain, log, deadline, progress, count
         count[0] += 1
         if progress:
             progress(s.dev.name, shape, fields)
-    return True
+        return True
 
 
 def _run_shape(s, shape, base_model, table, outputs, explain, index) -> dict:
@@ -434,14 +461,19 @@ def summarize(log_path_or_records) -> dict:
     outputs, the environment keys seen, one refusal message, and the ``WORST`` shapes (fewest
     matching outputs, kernel names).  A line's ``refused_before`` counts the refused draws
     before it (a refused line: itself included; a line without it, written one per refusal,
-    counts itself)."""
+    counts itself).  A shape checked again (``--retry-misses``) counts once, by its latest
+    line; ``superseded`` counts the older lines."""
     recs = (read_log(log_path_or_records) if isinstance(log_path_or_records, (str, os.PathLike))
             else list(log_path_or_records))
     out: dict = {}
+    latest = {id(r) for r in latest_lines(recs).values()}
     for r in recs:
         d = out.setdefault(r["device"], {"tried": 0, "refused": 0, "errors": 0, "validated": 0,
                                          "bit_exact_shapes": 0, "outputs": 0, "bit_exact_outputs": 0,
-                                         "envs": [], "refusal": None, "worst": []})
+                                         "envs": [], "refusal": None, "worst": [], "superseded": 0})
+        if r.get("refused") is None and id(r) not in latest:
+            d["superseded"] += 1   # a retried shape: its newer line counts
+            continue
         if r.get("env") not in d["envs"]:
             d["envs"].append(r.get("env"))
         refused = r.get("refused") is not None
@@ -543,6 +575,9 @@ def _parser():
     p.add_argument("--outputs", type=int, default=4096, help="sampled outputs per shape (all when M*N is smaller)")
     p.add_argument("--max-mn", type=int, default=4096)
     p.add_argument("--max-k", type=int, default=16384, help="largest K drawn (at most each device's caps.max_k)")
+    p.add_argument("--retry-misses", action="store_true",
+                   help="check again first the logged shapes whose latest line is not bit-exact "
+                        "(after a tool fix; the new line supersedes the old in the summary)")
     p.add_argument("--explain-budget-s", type=float, default=10.0,
                    help="seconds the per-shape schedule search may take before it keeps its best candidate")
     p.add_argument("--table", default=None, help="schedule table (fp4ref.native.ScheduleTable JSON): shapes in "
@@ -612,6 +647,7 @@ def _validate_cli(args, devs, models, log, table, show, con) -> dict:
     res = validate_shapes(devs, base_models=models, shapes_per_device=args.shapes, seed=args.seed,
                           log_path=log, time_limit_s=args.time_limit_s, outputs=args.outputs, table=table,
                           max_mn=args.max_mn, max_k=args.max_k, explain_budget_s=args.explain_budget_s,
+                          retry_misses=args.retry_misses,
                           progress=show)
     for name, why in res["skipped"].items():
         con.print(f"skipped {name}: {why}", markup=False)

@@ -1,9 +1,12 @@
 """probes.kernels: the kernel-name -> model table reproduces native H200 outputs bit for bit.
 
-tests/data/kernel_dumps.npz holds excerpts (2 rows x 2 columns, whole K) of the H200 survey
-dumps at the two smallest-K shapes (309x68x2872: split-K with splitKreduce; 1106x1261x672: no
-split): the native float32 outputs are the oracle.  Rebuild (needs the survey files):
-``.venv/bin/python tests/test_probes_kernels.py SURVEY_DUMPS.npz SURVEY.jsonl``.
+tests/data/kernel_dumps.npz holds excerpts (whole K) of H200 dumps, the native float32 outputs
+being the oracle: 2 rows x 2 columns of the survey dumps at the two smallest-K shapes
+(309x68x2872: split-K with splitKreduce; 1106x1261x672: no split), rebuilt with
+``.venv/bin/python tests/test_probes_kernels.py SURVEY_DUMPS.npz SURVEY.jsonl``; the random-shape
+dumps' excerpts listed in ``RANDOM``, appended with ``... tests/test_probes_kernels.py --random
+FOLDER`` (FOLDER holding b16.npz, fp32.npz, tf32.npz); and ``triton_imp0_*``: 4 x 4 outputs of
+a Triton fp8 tl.dot (mma.sync m16n8k16) at K = 256 (``/tmp/fit/add_triton.py`` in issue 13's fit).
 """
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probes.kernels import (KERNEL_MODELS, KernelModel, kernel_family, kernel_layout, kernel_models,
-                            kernel_operands, models_for_kernels, split_counts)
+from probes.kernels import (KERNEL_MODELS, KernelModel, kernel_family, kernel_klayout, kernel_layout,
+                            kernel_models, kernel_operands, models_for_kernels, slice_align, split_counts)
 from probes.sim import output_bits, simulate_gemm
 from reference.notation import parse_short, short
 
@@ -84,6 +87,20 @@ NEIGHBOURS = [
     ("cuda-cublas-fp32", "309x68x2872", {"model": {"fma_width": 2}}),
     ("cuda-cublas-float16", "1106x1261x672", {"model": {"fma_width": 16}}),
     ("cuda-cublas-float16", "1106x1261x672", {"model": {"align_ref": "VALUE"}}),
+    # random-shape dumps (RANDOM below)
+    ("cuda-cublas-float16", "1111x3056x858", {"k_tile": None}),        # s16816 _64x3: residue first
+    ("cuda-cublas-float16", "1111x3056x858", {"k_tile": 16}),
+    ("cuda-cublas-bfloat16", "1066x2006x1534", {"model": {"fma_width": 8}}),
+    ("cuda-cublas-bfloat16", "1066x2006x1534", {"split_k": 2}),
+    ("cuda-cublas-bfloat16", "1555x911x4416", {"split_align": 8, "k_tile": None}),  # 888 not 896
+    ("cuda-cublas-fp32", "510x2247x1126", {"split_interleave": None}),  # xmma: round robin, not slices
+    ("cuda-cublas-fp32", "510x2247x1126", {"split_interleave": 16}),
+    ("cuda-cublas-fp32", "818x1537x4023", {"split_interleave": None}),
+    ("cuda-cublas-fp32", "818x1537x4023", {"split_k": 9}),
+    ("cuda-cublas-tf32", "135x404x6334", {"k_tile": None}),
+    ("cuda-cublas-tf32", "135x404x6334", {"split_k": 32}),
+    ("cuda-cublas-tf32", "273x1608x12664", {"model": {"group_size": 64}}),  # segment-K: no promotion
+    ("cuda-cublas-tf32", "273x1608x12664", {"split_k": 1}),
 ]
 
 
@@ -117,7 +134,7 @@ def test_lookup_misses_and_bad_input():
     assert models_for_kernels("cuda-cublas-tf32", [S1688]) == []         # another device's kernel
     assert models_for_kernels("cuda-cublas-bfloat16", ["nvjet_tst_128x256_64x4_2x1_v_bz_TNN"]) == []
     assert models_for_kernels("cpu-torch-fp32", []) == []
-    other_tile = S1688.replace("256x128", "64x64")                         # seen nowhere yet
+    other_tile = S1688.replace("256x128", "64x128")                        # seen nowhere yet
     assert [r.confirmed for r in kernel_models("cuda-cublas-bfloat16", [other_tile])] == [False]
     with pytest.raises(ValueError, match="kernel_names"):
         models_for_kernels("cuda-cublas-bfloat16", S1688)
@@ -158,6 +175,62 @@ def test_kernel_layout_literal():
     assert split_counts(row, 2872, 16)[:3] == [1, 2, 3] and 13 in split_counts(row, 2872, 16)
     with pytest.raises(ValueError, match="split_k"):
         kernel_layout(row, 10, 0)
+
+
+def test_slices_of_whole_k_tiles_when_k_is_a_multiple():
+    row = kernel_models("cuda-cublas-tf32", ["cutlass_80_tensorop_s1688gemm_128x256_32x3_nn_align1"])[0]
+    assert (slice_align(row, 8192), slice_align(row, 8191), slice_align(row, 0)) == (32, 4, 4)
+    idx, m = kernel_layout(row, 8192, 3)   # tf32 1417x3535x8192: 2752 + 2752 + 2688 (2732 missed)
+    assert (m.split_k, m.split_tile, len(idx)) == (3, 2752, 8192)
+    assert kernel_klayout(row, 3, 8192).split_align == 32 and kernel_klayout(row, 3).split_align == 4
+    assert 44 in split_counts(row, 8870)   # S = 44 seen at 55x283x8870: the default reaches it
+
+
+def test_interleaved_split_literal():
+    row = KernelModel("x", ("d",), "F=1 align=exact acc=23:RNE G=- out=float32:RNE", "e", split_interleave=2)
+    idx, m = kernel_layout(row, 7, 2)      # tiles [0 1] [2 3] [4 5] [6]: slice 0 takes 0 and 2
+    assert idx.tolist() == [0, 1, 4, 5, 2, 3, 6, -1] and (m.split_k, m.split_tile) == (2, 4)
+    assert kernel_layout(row, 7, 1)[0].tolist() == list(range(7)) and kernel_layout(row, 7, 1)[1].split_k == 1
+    assert split_counts(row, 7, 10) == [1, 2, 3, 4]   # more slices than tiles: not a kernel's
+    lay = kernel_klayout(row, 2)           # the schedule table's form of the same order
+    assert lay.interleave and lay.index(7)[0].tolist() == idx.tolist() and lay.model(m, 7) == m
+    import torch
+    a, b = torch.arange(1.0, 8.0).reshape(1, 7), torch.arange(1.0, 8.0).reshape(7, 1)
+    pa, pb = lay.pad(a, b)
+    assert pa.tolist() == [[1, 2, 5, 6, 3, 4, 7, 0]] and pb.reshape(-1).tolist() == [1, 2, 5, 6, 3, 4, 7, 0]
+    with pytest.raises(ValueError, match="split_interleave"):
+        KernelModel("x", ("d",), "F=1 align=exact acc=23:RNE G=- out=float32:RNE", "e", k_tile=8,
+                     split_interleave=8)
+
+
+def _triton_kwidth4(K: int) -> np.ndarray:
+    """The k order Triton's MMAv2 dot-operand layout with kWidth = 4 (8-bit operands upcast to
+    f16) feeds mma.sync m16n8k16: per 32 k, the first instruction takes k mod 4 in {0, 1},
+    the second k mod 4 in {2, 3} (lane t holds k = 4t .. 4t+3 and 4t+16 .. 4t+19)."""
+    base = np.arange(K).reshape(-1, 32)
+    first = base[:, (np.arange(32) % 4) < 2]
+    return np.concatenate([first, base[:, (np.arange(32) % 4) >= 2]], axis=1).reshape(-1)
+
+
+def test_mma_sync_k16_instruction_model_on_triton_dumps():
+    """H200 Triton fp8 tl.dot with max_num_imprecise_acc=0: mma.sync m16n8k16 f16 chained over
+    K = 256.  The s16816 row's instruction model reproduces it bit for bit once K is in the
+    order the instructions see; the natural order and the nearest models miss."""
+    from reference.exact import exact
+    from reference.gemm import dot
+    z = np.load(DATA)
+    a, b = z["triton_imp0_a"].astype(np.float64), z["triton_imp0_b"].astype(np.float64)
+    want = output_bits(z["triton_imp0_out"].astype(np.float64), "float32")
+    model = parse_short("F=16 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE")
+    p = _triton_kwidth4(a.shape[1])
+    assert sorted(p.tolist()) == list(range(a.shape[1]))
+    assert np.array_equal(simulate_gemm(model, a[:, p], b[p]), want)
+    v = dot(model, [exact(float(x)) for x in a[0, p]], [exact(float(x)) for x in b[p, 0]])
+    assert float(v.to_fraction()) == float(z["triton_imp0_out"][0, 0])
+    assert not np.array_equal(simulate_gemm(model, a, b), want)  # natural k order
+    for ch in ({"fma_width": 8}, {"align_bits": 24}, {"align_bits": 26}, {"align_ref": "VALUE"},
+               {"norm_mode": "RNE"}):
+        assert not np.array_equal(simulate_gemm(model.replace(**ch), a[:, p], b[p]), want), ch
 
 
 def test_kernel_operands_numpy_and_torch_agree():
@@ -206,5 +279,63 @@ def _build(dumps: str, survey: str) -> None:
     np.savez_compressed(DATA, **save)
 
 
+# Random-shape dumps (scripts' {b16,fp32,tf32}.npz: 4 x 8 outputs per shape, "meta" lists the
+# kernels): (device, shape, split_k, rows x cols kept, changes the excerpt must tell apart).
+RANDOM = [
+    ("cuda-cublas-float16", "1111x3056x858", 1, (2, 2), [{"k_tile": None}, {"k_tile": 16}]),
+    ("cuda-cublas-bfloat16", "1066x2006x1534", 3, (2, 2), [{"k_tile": None}, {"model": {"fma_width": 8}}]),
+    ("cuda-cublas-bfloat16", "1555x911x4416", 5, (2, 2), [{"split_align": 8, "k_tile": None}]),
+    ("cuda-cublas-fp32", "510x2247x1126", 3, (2, 2), [{"split_interleave": None}, {"split_interleave": 16}]),
+    ("cuda-cublas-fp32", "818x1537x4023", 10, (2, 2), [{"split_interleave": None}]),
+    ("cuda-cublas-tf32", "135x404x6334", 33, (1, 2), [{"k_tile": None}]),
+    ("cuda-cublas-tf32", "273x1608x12664", 2, (1, 1), [{"model": {"group_size": 64}}]),
+]
+
+
+def _append_random(folder: str) -> None:
+    """Append RANDOM's excerpts to DATA from the random-shape dumps in ``folder``: per dump
+    the rows x cols where RANDOM's changes (and S - 1, S + 1) miss the most."""
+    z = {f: np.load(Path(folder) / f"{f}.npz") for f in ("b16", "fp32", "tf32")}
+    meta = {m["key"]: (f, m["kernels"]) for f, zf in z.items() for m in json.loads(str(zf["meta"]))}
+    save = dict(np.load(DATA))
+    n = sum(1 for k in save if k.endswith("_device"))
+    have = {(str(save[k]), str(save[k[:-6] + "shape"])) for k in save if k.endswith("_device")}
+    for d, s, S, (nr, nc), changes in RANDOM:
+        if (d, s) in have:  # appending twice keeps one copy
+            continue
+        f, kern = meta[f"{d}|{s}"]
+        full = {x: z[f][f"{d}|{s}|{x}"] for x in ("a", "b", "out")}
+        ri, ci = _pick(kernel_models(d, kern)[0], full, S, changes, nr, nc)
+        p = f"e{n}_"
+        save.update({p + "device": np.array(d), p + "shape": np.array(s), p + "split_k": np.array(S),
+                     p + "kernels": np.array("\n".join(kern)), p + "rows": np.array(ri),
+                     p + "cols": np.array(ci), p + "a": full["a"][list(ri)], p + "b": full["b"][:, list(ci)],
+                     p + "out": full["out"][np.ix_(ri, ci)]})
+        n += 1
+    np.savez_compressed(DATA, **save)
+
+
+def _pick(row: KernelModel, full: dict, S: int, changes: list, nr: int, nc: int):
+    """(rows, cols): nr x nc outputs of the dump where the most of ``changes`` (and S +- 1) miss."""
+    want = output_bits(full["out"].astype(np.float64), "float32")
+    m = []
+    for ch in changes + [{"split_k": S - 1}, {"split_k": S + 1}]:
+        ch = dict(ch)
+        S2 = ch.pop("split_k", S)
+        if S2 < 1:
+            continue
+        if "model" in ch:
+            ch["model"] = short(row.gemm_model.replace(**ch["model"]))
+        m.append(_run(replace(row, **ch), full, S2) != want)
+    m = np.stack(m)
+    R, C = full["out"].shape
+    return max(((r, c) for r in itertools.combinations(range(R), nr) for c in itertools.combinations(range(C), nc)),
+               key=lambda rc: (m[:, list(rc[0]), :][:, :, list(rc[1])].any(axis=(1, 2)).sum(),
+                               m[:, list(rc[0]), :][:, :, list(rc[1])].sum()))
+
+
 if __name__ == "__main__":
-    _build(*sys.argv[1:3])
+    if sys.argv[1] == "--random":
+        _append_random(sys.argv[2])
+    else:
+        _build(*sys.argv[1:3])

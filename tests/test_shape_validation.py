@@ -321,3 +321,22 @@ def test_an_adapter_bug_is_an_error_not_a_refusal(tmp_path):
     assert recs and all(r["refused"] is None and "TypeError" in r["error"] for r in recs)
     s = summarize(tmp_path / "b.jsonl")["buggy"]
     assert s["refused"] == 0 and s["errors"] == len(recs)
+
+
+def test_retry_misses_checks_missed_shapes_again_and_supersedes_them(tmp_path):
+    """--retry-misses: the logged shapes whose latest line missed are run again first (same
+    draw, same operands); the summary counts each shape once, by its newest line."""
+    log = tmp_path / "r.jsonl"
+    _run([_pairwise_at_large_k("dev")], log, 8, max_mn=5, max_k=40)
+    first = read_log(log)
+    bad = [(r["draw"], r["shape"]) for r in first if r["matches"] != r["outputs"]]
+    assert bad and summarize(log)["dev"]["bit_exact_shapes"] == len(first) - len(bad)
+    fixed = virtual_device(MODEL, CAPS, "dev")   # what a better tool now explains
+    res = _run([fixed], log, 8, max_mn=5, max_k=40, retry_misses=True)
+    again = read_log(log)[len(first):]
+    assert [(r["draw"], r["shape"]) for r in again] == bad and all(r.get("retry") for r in again)
+    assert res["new"] == len(bad)
+    s = summarize(log)["dev"]
+    assert (s["validated"], s["bit_exact_shapes"], s["superseded"]) == (len(first), len(first), len(bad))
+    _run([fixed], log, 8, max_mn=5, max_k=40, retry_misses=True)   # nothing left to retry
+    assert len(read_log(log)) == len(first) + len(bad)
