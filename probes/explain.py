@@ -206,20 +206,24 @@ def _same(x, y) -> int:
     return int(eq.sum())
 
 
-def layout_candidates(device_name: str, kernels, K: int, output: str) -> list:
-    """(model, KLayout) pairs of the kernel rows that reorder K (residue-first k-tiles or
-    round-robin slices), one per distinct split-K slicing (probes.kernels.split_counts);
-    [] without such rows."""
+def layout_candidates(device_name: str, kernels, K: int, output: str, predicted: int | None = None) -> list:
+    """(model, KLayout or None) pairs of the kernel rows (probes.kernels) for ``kernels``, one
+    per distinct split-K slicing (``split_counts``, plus the library's ``predicted`` count
+    where it is beyond them: cuBLAS was seen cutting K = 12504 into 75 slices); [] without
+    rows.  Rows that keep K in order give (model, None): their slices rounded as the row says."""
     try:
-        from .kernels import kernel_klayout, kernel_models, split_counts
+        from .kernels import kernel_klayout, kernel_layout, kernel_models, split_counts
     except ImportError:
         return []
     out = []
     for row in kernel_models(device_name, list(kernels)):
-        if row.k_tile or row.split_interleave:
-            for S in split_counts(row, K):
-                lay = kernel_klayout(row, S, K)
-                out.append((lay.model(row.gemm_model, K).replace(output=output), lay))
+        counts = split_counts(row, K)
+        if predicted and predicted not in counts and predicted <= K:
+            counts.append(predicted)
+        for S in counts:
+            lay = kernel_klayout(row, S, K)
+            model = kernel_layout(row, K, S)[1] if lay is None else lay.model(row.gemm_model, K)
+            out.append((model.replace(output=output), lay))
     return out
 
 
@@ -323,9 +327,9 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     except DeviceError:
         zero = None
     cands = rank_by_probe(cands, K, zero)
-    if dev.caps.block is None:  # kernels that reorder K come first: the most specific answer
-        cands = layout_candidates(dev.name, kernels, K, out_fmt) + cands
     predicted = heuristic_split(dev.name, shape)
+    if dev.caps.block is None:  # the kernel rows' K orders come first: the most specific answer
+        cands = layout_candidates(dev.name, kernels, K, out_fmt, predicted) + cands
     cands = predicted_first(cands, predicted)
     r, c = _sample(M, N, outputs, g, batch.a.device)
     sub, want = batch.sub(r, c), got[r][:, c]

@@ -283,3 +283,17 @@ def test_batch_sub_restricts_operands_and_alpha():
             else:
                 assert torch.equal(got, exp)
     assert Batch(a, b).sub(slice(0, 2), slice(0, 3)).alpha is None
+
+
+def test_layout_candidates_cover_in_order_rows_and_the_predicted_split():
+    """Rows that keep K in order (cuBLAS SIMT sgemm: contiguous slices rounded to 4) give
+    candidates too, and a split count the library predicts beyond split_counts' range (75
+    slices were seen) is among them; predicted_first puts it first."""
+    from probes.explain import layout_candidates, predicted_first
+    name = "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(Params)"
+    c = layout_candidates("cuda-cublas-fp32", [name], 8743, "float32")
+    got = {(m.split_k, m.split_tile) for m, lay in c if lay is None}
+    assert (3, 4) in got and (1, None) in got
+    c = layout_candidates("cuda-cublas-fp32", [name], 12504, "float32", predicted=75)
+    first = predicted_first(c, 75)[0][0]
+    assert (first.split_k, first.split_tile) == (75, 4)
