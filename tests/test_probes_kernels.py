@@ -6,7 +6,8 @@ being the oracle: 2 rows x 2 columns of the survey dumps at the two smallest-K s
 ``.venv/bin/python tests/test_probes_kernels.py SURVEY_DUMPS.npz SURVEY.jsonl``; the random-shape
 dumps' excerpts listed in ``RANDOM``, appended with ``... tests/test_probes_kernels.py --random
 FOLDER`` (FOLDER holding b16.npz, fp32.npz, tf32.npz); and ``triton_imp0_*``: 4 x 4 outputs of
-a Triton fp8 tl.dot (mma.sync m16n8k16) at K = 256 (``/tmp/fit/add_triton.py`` in issue 13's fit).
+a Triton fp8 tl.dot (mma.sync m16n8k16) at K = 256 from ``scripts/triton_dump.py``'s dumps (the rows
+and columns where the natural K order and the nearest instruction models miss most).
 """
 from __future__ import annotations
 
