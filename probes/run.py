@@ -17,7 +17,7 @@ from .result import DeviceResult, ShapeResult, decide_status
 from .sim import simulate_gemm
 from .validate import DEFAULT_SHAPES, _fit_shape, _try_splits, random_batch, validate
 
-__all__ = ["probe_device", "infer_shapes", "precheck_shapes", "pick_survivor", "identity",
+__all__ = ["probe_device", "infer_shapes", "precheck_shapes", "pick_survivor", "identity", "kernels_at",
            "SPLIT_SEARCH_S"]
 
 SPLIT_SEARCH_S = 20.0   # per shape: a longer split-K search hands the shape to per-shape inference
@@ -133,6 +133,24 @@ def _choose_model(dev, ev, res, seed) -> None:
                                "chose this one over the simplest")
 
 
+def kernels_at(dev, shapes, *, seed=0) -> list:
+    """[{"shape", "kernels", "family"}]: the kernels ``dev`` runs at each shape, by the
+    profiler's names (one profiled call on a random batch each); [] for a device without
+    tensor-level calls (the numpy protocol names no kernels)."""
+    if dev.tensors is None or dev.tensors.kernels is None or not shapes:
+        return []
+    from .kernels import kernel_family
+    out = []
+    for M, N, K in shapes:
+        try:
+            names = list(dev.kernels(dev.draw(M, N, K, seed)))
+        except Exception as e:  # a refusal or a profiler failure: say so, keep the others
+            out.append({"shape": [M, N, K], "kernels": [], "family": "", "error": f"{type(e).__name__}: {e}"[:200]})
+            continue
+        out.append({"shape": [M, N, K], "kernels": names, "family": kernel_family(names)})
+    return out
+
+
 def _validate_device(dev, model, ev, *, outputs, seed, quick, progress, per_shape, max_shapes,
                      shapes, shape_deadline):
     """Per-shape inference of the shapes the model misses, then the full validation."""
@@ -156,6 +174,12 @@ def _validate_device(dev, model, ev, *, outputs, seed, quick, progress, per_shap
     if v.errors:
         extra["validation_errors"] = v.errors
     ev["notes"] += v.notes
+    unfitted = kernels_at(dev, sorted({tuple(s["shape"]) for s in v.per_shape if s["matches"] != s["outputs"]}),
+                          seed=seed + 4)
+    if unfitted:  # partial: each uncovered kernel by its profiler name
+        extra["unfitted_kernels"] = unfitted
+        ev["notes"].append("kernels no model fits, by shape (profiler names): " + "; ".join(
+            f"{u['shape']}: {u['family'] or ', '.join(u['kernels']) or u.get('error', '?')}" for u in unfitted))
     mine = (model.split_k, model.split_tile, model.group_size)
     split = {tuple(s["shape"]): (s["split_k"], s.get("split_tile"), s["group_size"]) for s in v.per_shape
              if (s["split_k"], s.get("split_tile"), s["group_size"]) != mine and not s.get("own_model")}

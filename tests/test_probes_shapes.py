@@ -59,3 +59,18 @@ def test_split_search_at_a_shape_and_skipping_it():
     assert (per[(32, 32, 512)]["split_k"], per[(32, 32, 512)]["group_size"]) == (1, None)
     assert per[(32, 32, 512)]["matches"] < per[(32, 32, 512)]["outputs"]
     assert per[(32, 32, 64)]["matches"] == per[(32, 32, 64)]["outputs"]
+
+
+def test_partial_names_the_kernel_no_model_fits():
+    """A device with tensor-level calls that runs an unmodelled kernel at one shape: the
+    partial result names it (profiler name and family) in extra.unfitted_kernels and a note."""
+    from dataclasses import replace
+    from probes.device import TensorOps
+    name = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align1>(Params)"
+    dev = _dev("pairwise")
+    dev = replace(dev, tensors=TensorOps(kernels=lambda b: ["gemv2T_kernel"] if b.shape[2] == 512 else [name]))
+    r = probe_device(dev, quick=True, outputs=3000, shapes=SHAPES)
+    assert r.status == "partial", r.notes
+    (u,) = r.extra["unfitted_kernels"]
+    assert u["shape"] == [8, 8, 512] and u["kernels"] == ["gemv2T_kernel"]
+    assert any("kernels no model fits" in n and "gemv2T_kernel" in n for n in r.notes)
