@@ -22,7 +22,7 @@ from typing import Callable
 from reference.gemm import GemmModel
 from reference.notation import from_dict, short, to_dict
 
-__all__ = ["interleaved", "gather_k", "KLayout", "residue_first", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
+__all__ = ["interleaved", "chunked", "KWIDTH4_ORDER", "gather_k", "KLayout", "residue_first", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
            "emulate_native", "register_shape_prober", "shape_prober", "alpha_factors", "cublaslt_library",
            "DEFAULT_TABLE"]
 
@@ -89,21 +89,48 @@ def gather_k(x, index, axis: int):
     return torch.where(z, torch.zeros((), dtype=x.dtype, device=x.device), y)
 
 
+def chunked(K: int, order) -> tuple:
+    """(index, [length]): K zero-filled at its END to whole chunks of len(order) products, each
+    chunk read in ``order`` (positions within the chunk).  Triton's masked K loop feeding
+    mma.sync m16n8k16 from 8-bit operands upcast to f16 (kWidth 4): per 32 k, the first
+    instruction takes k mod 4 in {0, 1}, the second k mod 4 in {2, 3} (``KWIDTH4_ORDER``)."""
+    import numpy as np
+    L = len(order)
+    Kp = -(-K // L) * L
+    index = np.arange(Kp, dtype=np.int64).reshape(-1, L)[:, list(order)].reshape(-1)
+    index[index >= K] = -1
+    return index, [Kp]
+
+
+KWIDTH4_ORDER = tuple(k for half in (0, 1) for k in range(32) if (k % 4) // 2 == half)
+
+
 @dataclass(frozen=True)
 class KLayout:
     """How a kernel orders K: k-tiles of ``k_tile`` in ``split_k`` slices, either contiguous
     slices rounded up to ``split_align`` with the partial tile first (``residue_first``:
-    CUTLASS 2.x) or, with ``interleave``, tiles dealt round robin (``interleaved``: cuBLAS
-    sm80_xmma FFMA).  ``pad(a, b)`` gives the operands the schedule's model runs on (zero
+    CUTLASS 2.x), with ``interleave`` tiles dealt round robin (``interleaved``: cuBLAS
+    sm80_xmma FFMA), or with ``chunk`` (the order within each k_tile = len(chunk) products)
+    one slice read chunk by chunk, zero-filled at the end (``chunked``: Triton's MMAv2
+    operand layout).  ``pad(a, b)`` gives the operands the schedule's model runs on (zero
     products are neutral in every fused step, and the hardware multiplies the same zero
     fill, -0 sums included)."""
     k_tile: int
     split_k: int = 1
     split_align: int = 1
     interleave: bool = False
+    chunk: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "chunk", tuple(int(x) for x in self.chunk))
+        if self.chunk and (sorted(self.chunk) != list(range(self.k_tile)) or self.split_k != 1 or self.interleave):
+            raise ValueError(f"KLayout.chunk: invalid value {self.chunk!r}; valid choices: a permutation of "
+                             f"range(k_tile={self.k_tile}), with split_k 1 and no interleave")
 
     def index(self, K: int):
         """(index, slice lengths): the padded product order at length K (-1: zero fill)."""
+        if self.chunk:
+            return chunked(K, self.chunk)
         if self.interleave:
             return interleaved(K, self.k_tile, self.split_k)
         return residue_first(K, self.k_tile, self.split_k, self.split_align)
@@ -125,7 +152,11 @@ class KLayout:
 
     def to_dict(self) -> dict:
         d = {"k_tile": self.k_tile, "split_k": self.split_k, "split_align": self.split_align}
-        return {**d, "interleave": True} if self.interleave else d
+        if self.interleave:
+            d["interleave"] = True
+        if self.chunk:
+            d["chunk"] = list(self.chunk)
+        return d
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from reference.gemm import GemmModel
 from reference.notation import parse_short
 from reference.schedule import split_bounds
 
-from fp4ref.native import KLayout, gather_k
+from fp4ref.native import KWIDTH4_ORDER, KLayout, gather_k
 
 __all__ = ["KernelModel", "KERNEL_MODELS", "kernel_models", "models_for_kernels", "kernel_family", "kernel_klayout",
            "kernel_layout", "kernel_operands", "slice_align", "split_counts"]
@@ -56,7 +56,8 @@ class KernelModel:
     starts with one of ``devices`` compute ``model`` (short form, split_k = 1), with
     split-K slices rounded up to ``split_align`` elements and residue-first k-tiles of
     ``k_tile`` products (None: the family's step layout is the kernel's); with
-    ``split_interleave`` the slices take tiles of that many products round robin."""
+    ``split_interleave`` the slices take tiles of that many products round robin; with
+    ``k_order`` K is read in chunks of len(k_order) products in that order (no split)."""
     pattern: str
     devices: tuple[str, ...]
     model: str
@@ -65,6 +66,7 @@ class KernelModel:
     k_tile: int | None = None
     split_align: int | None = None
     split_interleave: int | None = None
+    k_order: tuple = ()
 
     def __post_init__(self):
         re.compile(self.pattern)  # a bad regex fails at import, not at lookup
@@ -78,6 +80,9 @@ class KernelModel:
         if self.k_tile and self.split_interleave:
             raise ValueError(f"KernelModel.split_interleave: invalid value {self.split_interleave!r} with "
                              f"k_tile={self.k_tile}; valid choices: None when k_tile is set")
+        if self.k_order and (self.k_tile or self.split_interleave or sorted(self.k_order) != list(range(len(self.k_order)))):
+            raise ValueError(f"KernelModel.k_order: invalid value {self.k_order!r}; valid choices: a permutation "
+                             "of range(n), without k_tile or split_interleave")
         parse_short(self.model)
 
     @property
@@ -159,6 +164,17 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "m-tile 13 x n-tile 7 unsplit: 17; the other 15 split 4672 + 4652). Which tiles are split "
         "is per launch, so the caller tries S = 1 and 2. Misses: G=64 32/32 per dump",
         k_tile=None, split_align=32),
+    KernelModel(
+        r"^mm_fp8", ("triton-dot-e4m3-imprecise-0",), _TC16,
+        "Triton 3.6 tl.dot e4m3 with max_num_imprecise_acc=0 (probes.backends.triton_fp8, kernel "
+        "mm_fp8) compiles to mma.sync m16n8k16 f16 (fp8 upcast; scripts/triton_dump.py, PTX in "
+        "reports/baselines/shapes/h200-triton-imprecise-mma.json). H200 dumps, 64 x 64 outputs at "
+        "K = 128, 256, 1024, 4096, Gaussian and heavy-tailed: 32768/32768 with K read in Triton's "
+        "kWidth-4 operand order (per 32 k: k mod 4 in {0, 1}, then {2, 3}); the natural order "
+        "misses (1478/4096 at K = 128 heavy), as do kWidth 2, 8, 16, F=8, align 24/26, value "
+        "alignment and RNE normalization. The zero-filled tail at K % 32 != 0 (masked loads) is "
+        "not yet checked on hardware",
+        k_order=KWIDTH4_ORDER),
     # Hypotheses: the same instruction and mainloop at tile sizes / layouts not yet seen.
     KernelModel(r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_", _HALF, _TC,
                 "unconfirmed: other tiles/layouts of the confirmed cutlass_75 s1688 row",
@@ -253,6 +269,8 @@ def split_counts(row: KernelModel, K: int, max_split: int = 64) -> list[int]:
     s1688 with splitKreduce at 55x283x8870 and 168x276x13067)."""
     K = _check_int("K", K, 0)
     max_split = _check_int("max_split", max_split, 1)
+    if row.k_order:  # a kernel reading K in chunks (Triton's own loop): no split-K
+        return [1]
     seen, out = set(), []
     for S in range(1, max_split + 1):
         if row.split_interleave:  # every S deals the tiles differently (while tiles remain)
@@ -294,6 +312,8 @@ def kernel_klayout(row: KernelModel, split_k: int = 1, K: int | None = None) -> 
     """The schedule table's form of ``row``'s K order with ``split_k`` slices (None: K as
     given, contiguous slices).  Pass K: at K % k_tile == 0 the slices are whole k-tiles
     (``slice_align``)."""
+    if row.k_order:
+        return KLayout(len(row.k_order), 1, 1, chunk=row.k_order)
     if row.split_interleave:
         return KLayout(row.split_interleave, split_k, 1, interleave=True)
     if not row.k_tile:
@@ -309,6 +329,6 @@ def kernel_operands(row: KernelModel, a, b, split_k: int = 1):
     if b.shape[0] != K:
         raise ValueError(f"b: invalid shape {tuple(b.shape)}; valid choices: [K={K}, N]")
     index, model = kernel_layout(row, K, split_k)
-    if (index >= 0).all():
+    if np.array_equal(index, np.arange(K)):  # K as given (a permutation is not)
         return a, b, model
     return gather_k(a, index, 1), gather_k(b, index, 0), model

@@ -231,8 +231,12 @@ _S1688 = ("void cutlass::Kernel2<cutlass_75_tensorop_s1688gemm_bf16_256x128_nn_a
           "cuda-cublas-bfloat16", "bfloat16")
 
 
+_TRITON0 = ("mm_fp8", "triton-dot-e4m3-imprecise-0", "float8_e4m3fn")
+
+
 @pytest.mark.parametrize("K,S,kernel", [(1000, 1, _S1688), (2872, 13, _S1688), (4131, 3, _S1688),
-                                        (1003, 5, _XMMA), (777, 3, _XMMA)])
+                                        (1003, 5, _XMMA), (777, 3, _XMMA), (301, 1, _TRITON0),
+                                        (256, 1, _TRITON0)])
 def test_residue_first_kernel_found_and_emulated(K, S, kernel):
     """A device computing like the H200's cutlass_75 s1688 bf16 kernel (partial k-tile first,
     S slices rounded to 8) reporting that kernel's name: explain finds (model, KLayout) and
@@ -254,7 +258,7 @@ def test_residue_first_kernel_found_and_emulated(K, S, kernel):
     e = explain_shape(dev, (9, 7, K), base_model=BF16, table=table, outputs=63, budget_s=60)
     assert e.exact and (S == 1 or e.layout is not None), e
     if e.layout is not None:
-        assert e.layout.k_tile == (row.k_tile or row.split_interleave), e
+        assert e.layout.k_tile == (row.k_tile or row.split_interleave or len(row.k_order)), e
     b = dev.draw(9, 7, K, 77)
     got = dev.call_tensors(b)
     emu = emulate_native(dname, b.a, b.b, table=table)

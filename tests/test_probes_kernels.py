@@ -234,6 +234,25 @@ def test_mma_sync_k16_instruction_model_on_triton_dumps():
         assert not np.array_equal(simulate_gemm(model.replace(**ch), a[:, p], b[p]), want), ch
 
 
+def test_triton_imprecise0_row_reproduces_the_dump_through_its_k_order():
+    """The table row for Triton's mm_fp8 at max_num_imprecise_acc=0 (kernel name from the
+    profiler) reads K in the kWidth-4 order: kernel_operands + the simulator give the dumped
+    H200 outputs (the same order _triton_kwidth4 writes out independently above); at a K that
+    is not a multiple of 32 the tail is zero-filled at the end (masked loads)."""
+    from fp4ref.native import chunked
+    z = np.load(DATA)
+    a, b = z["triton_imp0_a"].astype(np.float64), z["triton_imp0_b"].astype(np.float64)
+    want = output_bits(z["triton_imp0_out"].astype(np.float64), "float32")
+    (row,) = kernel_models("triton-dot-e4m3-imprecise-0", ["mm_fp8"])
+    a2, b2, model = kernel_operands(row, a, b)
+    assert np.array_equal(simulate_gemm(model, a2, b2), want)
+    assert np.array_equal(kernel_layout(row, 256)[0], _triton_kwidth4(256))
+    assert split_counts(row, 301) == [1] and kernel_models("triton-dot-e4m3-imprecise-32", ["mm_fp8"]) == []
+    idx, lens = chunked(35, row.k_order)
+    assert lens == [64] and idx[32:35].tolist() == [32, 33, -1] and idx[48] == 34
+    assert sorted(idx[idx >= 0].tolist()) == list(range(35))
+
+
 def test_kernel_operands_numpy_and_torch_agree():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..device import Capabilities, Device
+from ..device import Batch, Capabilities, Device
 from . import NotAvailable, Spec
 
 __all__ = ["candidates", "IMPRECISE"]
@@ -55,6 +55,35 @@ def _kernel():
     return _KERNEL
 
 
+def _tensor_ops(torch, kern, imp):
+    """Tensor-level calls (probes.device.TensorOps): e4m3 operands drawn on the GPU (randn * 7
+    clamped, as the CUDA _scaled_mm devices draw them), the kernel launched on them directly
+    (no numpy round trip of up to 4096 x 16384 operands per call), kernel names from the
+    profiler ("mm_fp8": probes.kernels keys Triton's K order on it)."""
+    from .cuda import _tensor_ops as ops
+    e4 = torch.float8_e4m3fn
+
+    def launch(batch):
+        A, Bn = batch.native           # A [M, K], Bn [N, K]: both K-contiguous e4m3
+        M, K = A.shape
+        N = Bn.shape[0]
+        C = torch.empty(M, N, dtype=torch.float32, device="cuda")
+        kern[(-(-M // BM), -(-N // BN))](A, Bn, C, M, N, K, A.stride(0), Bn.stride(0), C.stride(0),
+                                         BM=BM, BN=BN, BK=BK, IMPRECISE=imp)
+        return C
+
+    def draw(M, N, K, g, kind="normal"):
+        a = (torch.randn(M, K, device="cuda", generator=g) * 7).clamp(-448, 448).to(e4)
+        bn = (torch.randn(N, K, device="cuda", generator=g) * 7).clamp(-448, 448).to(e4)
+        return Batch(a.float(), bn.float().t(), native=(a, bn), kind=kind)
+
+    def pack(a, b, sa=None, sb=None, alpha=None):
+        A = a.to("cuda").float().to(e4).contiguous()
+        Bn = b.to("cuda").float().t().contiguous().to(e4)
+        return Batch(A.float(), Bn.float().t(), native=(A, Bn))
+    return ops(torch, draw, launch, pack)
+
+
 def _build(imprecise):
     def build():
         try:
@@ -84,7 +113,8 @@ def _build(imprecise):
                             probe_mn=64, max_batch=64, max_k=16384)
         tag = "unset" if imprecise is None else str(imprecise)
         d = Device(f"triton-dot-e4m3-imprecise-{tag}", f"triton {triton.__version__} tl.dot e4m3, "
-                   f"max_num_imprecise_acc={tag}, BK={BK}", "cuda", caps, fn)
+                   f"max_num_imprecise_acc={tag}, BK={BK}", "cuda", caps, fn,
+                   tensors=_tensor_ops(torch, kern, imp))
         fn(np.ones((BM, BK)), np.ones((BK, BN)))  # compile now; failures show at detection
         return d
     return build
