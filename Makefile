@@ -12,9 +12,9 @@ HYPOTHESIS_PROFILE ?= ci
 env:
 	@echo "python: $(PY)"
 
-## Tests on CPU (CI runs this). GPU tests skip without a GPU.
+## Tests on CPU (CI runs this, then test-slow). GPU tests skip without a GPU; slow sweeps are test-slow's.
 test:
-	@$(PY) -m pytest -q -n 2 --dist worksteal --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS) tests
+	@$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" --hypothesis-profile=$(HYPOTHESIS_PROFILE) $(PYTEST_ARGS) tests
 
 ## The long sweeps (marker slow: every 16-bit pattern x policy cross product, the Triton
 ## interpreter sweep, the H200 _scaled_mm rowwise bf16-output inference); CI runs it after test.

@@ -895,7 +895,9 @@ def _acc_model(p, align_mode, norm_mode, G, split, i):
                      group_size=G, split_k=sk, split_tile=tile, **kw)
 
 
-@pytest.mark.parametrize("p", [13, 10, 18, 23])
+# 13 (the Hopper FP8 accumulator) and 23 (FP32) in every run; 10 and 18 with the slow sweeps
+@pytest.mark.parametrize("p", [13, pytest.param(10, marks=pytest.mark.slow),
+                               pytest.param(18, marks=pytest.mark.slow), 23])
 def test_fast_path_narrow_accumulator_grid(p):
     """acc_frac_bits p x align RTZ/RNE x norm RTZ/RNE x G None/32/128 x split-K 1/2/uneven,
     each on crafted operands (ties, subnormal sums, overflow, Inf/NaN, -0) and on clean
