@@ -69,6 +69,7 @@ slices are added in order.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -78,7 +79,7 @@ import torch
 from reference.rounding import Mode, Subnormal
 from reference.schedule import AlignRef, Operand, Schedule, ScaleAt
 
-__all__ = ["fast_reason", "operands_reason", "fast_totals", "add_round32", "round32", "add_round_acc",
+__all__ = ["fast_reason", "operands_reason", "fast_totals", "round32", "add_round_acc",
            "round_acc", "max_finite", "BACKENDS"]
 
 _I64 = torch.int64
@@ -156,9 +157,11 @@ def round32(t: torch.Tensor, mode: Mode) -> torch.Tensor:
     return y.to(_F64)
 
 
+@functools.lru_cache(maxsize=None)  # read once per p: the rounding loop asks every step
 def max_finite(p: int) -> float:
-    """The largest finite value of ``accumulator_format(p)``: (2 - 2**-p) * 2**127."""
-    return (2.0 - 2.0 ** -p) * 2.0 ** 127
+    """The largest finite value of ``accumulator_format(p)`` (its FormatSpec row)."""
+    from reference.gemm import accumulator_format
+    return float(accumulator_format(p).max_finite)
 
 
 def round_acc(t: torch.Tensor, mode: Mode, p: int = 23, flush: bool = False) -> torch.Tensor:
@@ -194,11 +197,6 @@ def _to_odd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     fix = (e != 0) & ((bits & 1) == 0) & torch.isfinite(s)
     step = torch.where((e > 0) == (s > 0), 1, -1)  # +1 on the bits is one ulp up in magnitude
     return torch.where(fix, bits + step, bits).view(_F64)
-
-
-def add_round32(x: torch.Tensor, y: torch.Tensor, mode: Mode) -> torch.Tensor:
-    """x + y (float64, each exact: FP32 values or exact products) rounded once to FP32."""
-    return round32(_to_odd(x, y), mode)
 
 
 def add_round_acc(x: torch.Tensor, y: torch.Tensor, mode: Mode, p: int = 23,
@@ -422,9 +420,9 @@ def _combine(tot: torch.Tensor, comb: torch.Tensor, outer_mode: Mode) -> torch.T
     outer = tot[:, comb[:, 0]]                        # [R, slices]
     for j in range(1, comb.shape[1]):
         lane = comb[:, j]
-        new = add_round32(outer, tot[:, lane.clamp(min=0)], outer_mode)
+        new = add_round_acc(outer, tot[:, lane.clamp(min=0)], outer_mode)
         outer = torch.where(lane >= 0, new, outer)
     total = outer[:, 0]
     for s in range(1, outer.shape[1]):
-        total = add_round32(total, outer[:, s], Mode.RNE)
+        total = add_round_acc(total, outer[:, s], Mode.RNE)
     return total

@@ -138,8 +138,10 @@ def _aligned_kernel(P, XB, SPEC, NEGZ, OUT, S, RL, AB: tl.constexpr, F: tl.const
 
 
 def _max_bits(frac: int) -> int:
-    """The float64 bits of accumulator_format(frac)'s max finite (2 - 2**-frac) * 2**127."""
-    return ((127 + 1023) << 52) | (((1 << frac) - 1) << (52 - frac))
+    """The float64 bits of accumulator_format(frac)'s max finite (its FormatSpec row)."""
+    from reference.gemm import accumulator_format
+    top = float(accumulator_format(frac).max_finite)
+    return int(torch.tensor(top, dtype=torch.float64).view(torch.int64))
 
 
 def chain_lanes(P: torch.Tensor, rtz: bool, frac: int = 23, flush: bool = False) -> torch.Tensor:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import re
 
 from probes.explain import cublaslt_heuristic
+from reference.notation import parse_short
 
 
 def probed_split(model: str) -> int:
-    m = re.search(r"split=(\d+)", model)
-    return int(m.group(1)) if m else 1
+    return parse_short(model).split_k or 1
 
 
 def main():

@@ -55,6 +55,16 @@ def _kernel():
     return _KERNEL
 
 
+def _launch(torch, kern, imp, A, Bn):
+    """C [M, N] float32 = the kernel on A [M, K] and Bn [N, K] (both K-contiguous e4m3)."""
+    M, K = A.shape
+    N = Bn.shape[0]
+    C = torch.empty(M, N, dtype=torch.float32, device="cuda")
+    kern[(-(-M // BM), -(-N // BN))](A, Bn, C, M, N, K, A.stride(0), Bn.stride(0), C.stride(0),
+                                     BM=BM, BN=BN, BK=BK, IMPRECISE=imp)
+    return C
+
+
 def _tensor_ops(torch, kern, imp):
     """Tensor-level calls (probes.device.TensorOps): e4m3 operands drawn on the GPU (randn * 7
     clamped, as the CUDA _scaled_mm devices draw them), the kernel launched on them directly
@@ -64,13 +74,7 @@ def _tensor_ops(torch, kern, imp):
     e4 = torch.float8_e4m3fn
 
     def launch(batch):
-        A, Bn = batch.native           # A [M, K], Bn [N, K]: both K-contiguous e4m3
-        M, K = A.shape
-        N = Bn.shape[0]
-        C = torch.empty(M, N, dtype=torch.float32, device="cuda")
-        kern[(-(-M // BM), -(-N // BN))](A, Bn, C, M, N, K, A.stride(0), Bn.stride(0), C.stride(0),
-                                         BM=BM, BN=BN, BK=BK, IMPRECISE=imp)
-        return C
+        return _launch(torch, kern, imp, *batch.native)
 
     def draw(M, N, K, g, kind="normal"):
         a = (torch.randn(M, K, device="cuda", generator=g) * 7).clamp(-448, 448).to(e4)
@@ -100,13 +104,9 @@ def _build(imprecise):
         imp = -1 if imprecise is None else int(imprecise)
 
         def fn(x, y, **_):
-            M, K = x.shape
-            N = y.shape[1]
             A = torch.from_numpy(np.ascontiguousarray(x)).float().cuda().to(torch.float8_e4m3fn)
             Bn = torch.from_numpy(np.ascontiguousarray(y.T)).float().cuda().to(torch.float8_e4m3fn)
-            C = torch.empty(M, N, dtype=torch.float32, device="cuda")
-            kern[(-(-M // BM), -(-N // BN))](A, Bn, C, M, N, K, A.stride(0), Bn.stride(0), C.stride(0),
-                                     BM=BM, BN=BN, BK=BK, IMPRECISE=imp)
+            C = _launch(torch, kern, imp, A, Bn)
             torch.cuda.synchronize()
             return C.cpu().numpy().astype(np.float64)
         caps = Capabilities("float8_e4m3fn", "float8_e4m3fn", "float32", k_multiple=1, mn_multiple=1,
