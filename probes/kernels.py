@@ -41,7 +41,7 @@ from reference.schedule import split_bounds
 
 from fp4ref.native import KWIDTH4_ORDER, KLayout, gather_k
 
-__all__ = ["KernelModel", "KERNEL_MODELS", "kernel_models", "models_for_kernels", "kernel_family", "kernel_klayout",
+__all__ = ["KernelModel", "KERNEL_MODELS", "device_model", "kernel_models", "models_for_kernels", "kernel_family", "kernel_klayout",
            "kernel_layout", "kernel_operands", "slice_align", "split_counts"]
 
 _TC = "F=8 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"    # mma.sync m16n8k8 (bf16/f16/tf32)
@@ -216,6 +216,14 @@ def models_for_kernels(device_name: str, kernel_names) -> list[GemmModel]:
         if m not in out:
             out.append(m)
     return out
+
+
+def device_model(device_name: str) -> GemmModel | None:
+    """The model the confirmed rows written for exactly this device agree on (a device the
+    probe family cannot fit, e.g. Triton imprecise-0 with its permuted K order, still has a
+    base model for explain and validate-shapes); None if there is none or they disagree."""
+    got = {r.gemm_model for r in KERNEL_MODELS if r.confirmed and device_name in r.devices}
+    return got.pop() if len(got) == 1 else None
 
 
 def _names(kernel_names) -> list[str]:

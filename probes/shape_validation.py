@@ -29,6 +29,7 @@ import numpy as np
 from reference.notation import from_dict, short
 
 from .device import AdapterError, DeviceError
+from .kernels import device_model
 
 __all__ = ["draw_shapes", "declared_refusal", "validate_shapes", "summarize", "read_log", "sample_grid", "compare_bits",
            "environment_key", "default_log_path", "load_base_models", "summary_table", "main",
@@ -622,6 +623,9 @@ def _run_cli(args, log, con) -> dict:
                          "e.g. reports/baselines/redesign/h200-probe-after.json; or pass --summary-only")
     models = load_base_models(args.baseline)
     found = detect(include=lambda s: bool(_pick([s.name], args.devices)))
+    for d in found:  # no model in the report: the kernel table's row for this device, if one
+        if d.name not in models and (row := device_model(d.name)) is not None:
+            models[d.name] = row
     # default: every available hardware device with a base model (virtual ones when named)
     devs = [d.device for d in found if d.device is not None
             and (args.devices or (d.name in models and d.kind != "virtual"))]
