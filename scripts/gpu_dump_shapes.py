@@ -36,8 +36,11 @@ def pick(log, devices, misses, most):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--from", dest="log", required=True)
+    p.add_argument("--from", dest="log", default=None)
     p.add_argument("--devices", required=True)
+    p.add_argument("--shape", action="append", default=[], help="MxNxK for every device (instead of the log)")
+    p.add_argument("--step", type=int, default=0, help="rows and columns every STEP (one per output tile)")
+    p.add_argument("--repeat", type=int, default=1, help="native calls of the same batch (out, out1, ...)")
     p.add_argument("--misses", action="store_true")
     p.add_argument("--max", type=int, default=12)
     p.add_argument("--rows", type=int, default=4)
@@ -45,7 +48,10 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
     names = a.devices.split(",")
-    per = pick(a.log, names, a.misses, a.max)
+    if a.shape:
+        per = {n: [tuple(int(x) for x in s.split("x")) for s in a.shape] for n in names}
+    else:
+        per = pick(a.log, names, a.misses, a.max)
     devs = {s.name: s.device for s in detect(include=lambda s: s.name in names) if s.device is not None}
     dumps, meta = {}, []
     for name, shapes in per.items():
@@ -55,14 +61,19 @@ def main():
             out = dev.call_tensors(batch)
             kern = dev.kernels(batch)
             g = np.random.default_rng(M * 7 + N * 13 + K)
-            r = np.sort(g.choice(M, min(a.rows, M), replace=False))
-            c = np.sort(g.choice(N, min(a.cols, N), replace=False))
+            if a.step:
+                r, c = np.arange(g.integers(a.step) % M, M, a.step), np.arange(g.integers(a.step) % N, N, a.step)
+            else:
+                r = np.sort(g.choice(M, min(a.rows, M), replace=False))
+                c = np.sort(g.choice(N, min(a.cols, N), replace=False))
             key = f"{name}|{M}x{N}x{K}"
             rt, ct = torch.as_tensor(r, device=out.device), torch.as_tensor(c, device=out.device)
             dumps[key + "|a"] = batch.a[rt].float().cpu().numpy()
             dumps[key + "|b"] = batch.b[:, ct].float().cpu().numpy()
             dumps[key + "|out"] = out[rt][:, ct].float().cpu().numpy()
             dumps[key + "|rows"], dumps[key + "|cols"] = r, c
+            for i in range(1, a.repeat):
+                dumps[key + f"|out{i}"] = dev.call_tensors(batch)[rt][:, ct].float().cpu().numpy()
             meta.append({"key": key, "kernels": kern})
             print(key, kern, flush=True)
     dumps["meta"] = np.array(json.dumps(meta))
