@@ -7,7 +7,9 @@ models and adversarial operands).
 
 The schedule (split-K slices, groups, fused steps, exact runs, where scales and roundings
 apply, every validity check) is the model's plan, ``GemmModel.plan(K, block)``
-(reference/schedule.py); ``_Ctx`` walks it and supplies only the arithmetic below.
+(reference/schedule.py); ``_Ctx`` walks it and supplies only the arithmetic below (the
+split-K slice results combined per ``split_reduce`` by ``Schedule.run`` itself; the fast
+path 3 combines its per-slice results the same way, ``fp4ref.gemm_fast._combine``).
 
 How exactness is kept (no float shortcut is ever trusted):
 

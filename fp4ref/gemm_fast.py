@@ -65,7 +65,7 @@ Why each step is exact (values are float64 tensors holding accumulator / FP32 va
 Split-K slices and groups (G=n) are independent recurrences from +0 (no chain): they run
 as one batch of lanes in lock step, a lane with fewer steps padded in front (steps of -0
 products keep +0: ``_lanes``); the cross-group adds then run in order per slice, and the
-slices are added in order.
+slices are added in order (``split_reduce`` SERIAL) or as the halving tree (TREE).
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ import warnings
 import torch
 
 from reference.rounding import Mode, Subnormal
-from reference.schedule import AlignRef, Operand, Schedule, ScaleAt
+from reference.schedule import AlignRef, Operand, Schedule, ScaleAt, SplitReduce
 
 __all__ = ["fast_reason", "operands_reason", "fast_totals", "round32", "add_round_acc",
            "round_acc", "max_finite", "BACKENDS"]
@@ -299,7 +299,7 @@ def _totals(model, plan: Schedule, a, b, tri: bool) -> torch.Tensor:
         if finite and bool((a != 0).all() & (b != 0).all()):
             negz = pad[:, None, :].expand(S, M * N, L).reshape(S, M * N * L)
         acc = _aligned(P, X, model, tri, finite, negz)
-    return _combine(acc.reshape(M * N, L), comb, model.outer_mode)
+    return _combine(acc.reshape(M * N, L), comb, model.outer_mode, plan.split_reduce)
 
 
 BACKENDS = ("auto", "torch", "triton")
@@ -414,14 +414,24 @@ def _rtz_by_mask(Xb, ab: int) -> bool:
     return bool(((Xb - 1023 - ab >= -126) | ~has).all())
 
 
-def _combine(tot: torch.Tensor, comb: torch.Tensor, outer_mode: Mode) -> torch.Tensor:
+def _combine(tot: torch.Tensor, comb: torch.Tensor, outer_mode: Mode,
+             reduce: SplitReduce = SplitReduce.SERIAL) -> torch.Tensor:
     """Lanes' results [R, L] -> [R]: per slice its groups in order (the first as is, then
-    cross-group adds in ``outer_mode``), then the slices added in order, RNE."""
+    cross-group adds in ``outer_mode``), then the slices combined RNE per ``reduce``
+    (``Schedule.combine``): in order, or the halving tree."""
     outer = tot[:, comb[:, 0]]                        # [R, slices]
     for j in range(1, comb.shape[1]):
         lane = comb[:, j]
         new = add_round_acc(outer, tot[:, lane.clamp(min=0)], outer_mode)
         outer = torch.where(lane >= 0, new, outer)
+    if reduce is SplitReduce.TREE:
+        n = outer.shape[1]
+        while n > 1:
+            h = (n + 1) // 2
+            outer = torch.cat([add_round_acc(outer[:, :n - h], outer[:, h:n], Mode.RNE),
+                               outer[:, n - h:h]], 1)
+            n = h
+        return outer[:, 0]
     total = outer[:, 0]
     for s in range(1, outer.shape[1]):
         total = add_round_acc(total, outer[:, s], Mode.RNE)

@@ -207,24 +207,15 @@ def _same(x, y) -> int:
 
 
 def layout_candidates(device_name: str, kernels, K: int, output: str, predicted: int | None = None) -> list:
-    """(model, KLayout or None) pairs of the kernel rows (probes.kernels) for ``kernels``, one
-    per distinct split-K slicing (``split_counts``, plus the library's ``predicted`` count
-    where it is beyond them: cuBLAS was seen cutting K = 12504 into 75 slices); [] without
-    rows.  Rows that keep K in order give (model, None): their slices rounded as the row says."""
+    """(model, KLayout or None) pairs of the kernel rows (probes.kernels) for ``kernels``:
+    every schedule each row's kernel may run at length K (``row_layouts``); [] without rows.
+    Rows that keep K in order give (model, None): their slices rounded as the row says."""
     try:
-        from .kernels import kernel_klayout, kernel_layout, kernel_models, split_counts
+        from .kernels import kernel_models, row_layouts
     except ImportError:
         return []
-    out = []
-    for row in kernel_models(device_name, list(kernels)):
-        counts = split_counts(row, K)
-        if predicted and predicted not in counts and predicted <= K:
-            counts.append(predicted)
-        for S in counts:
-            lay = kernel_klayout(row, S, K)
-            model = kernel_layout(row, K, S)[1] if lay is None else lay.model(row.gemm_model, K)
-            out.append((model.replace(output=output), lay))
-    return out
+    return [(model.replace(output=output), lay) for row in kernel_models(device_name, list(kernels))
+            for lay, model in row_layouts(row, K, predicted)]
 
 
 def predicted_first(cands: list, split: int | None) -> list:
@@ -233,9 +224,10 @@ def predicted_first(cands: list, split: int | None) -> list:
     if not split:
         return cands
 
-    def slices(c):
-        m = c[0] if isinstance(c, tuple) else c
-        return m.split_k or 1
+    def slices(c):  # the count the library launches with: a layout's, before empty slices drop
+        if isinstance(c, tuple):
+            return c[1].split_k if c[1] is not None else c[0].split_k or 1
+        return c.split_k or 1
     return sorted(cands, key=lambda c: slices(c) != split)
 
 

@@ -13,8 +13,9 @@ carries them next to its model:
   ("serial", a Memset of the semaphores precedes it) or through a separate
   ``splitKreduce_kernel`` / ``execute_split_k_kernel`` ("parallel").  Both add the FP32 slice
   results in slice order, which is the family's split-K add.  Each slice but the last holds
-  ceil(K / S) rounded up to ``split_align`` elements (16 bytes of the operand), or to whole
-  k-tiles when K is a multiple of ``k_tile`` (``slice_align``).  S is left to the caller.
+  ceil(K / S) rounded up to ``split_align`` elements (16 bytes of the operand), or to a
+  128-byte cache line when K is a multiple of it (``slice_align``: CUTLASS 2.x kAlignK).  S is
+  left to the caller; slices left empty by the rounding are not launched.
 * residue-first k-tiles (``k_tile``): CUTLASS 2.x predicated iterators load the partial
   k-tile (slice length mod k_tile) FIRST, zero-filled, then whole tiles; the F-wide MMA steps
   start at each tile's start.  The family's fused steps start at the slice start and leave
@@ -41,8 +42,9 @@ from reference.schedule import split_bounds
 
 from fp4ref.native import KWIDTH4_ORDER, KLayout, gather_k
 
-__all__ = ["KernelModel", "KERNEL_MODELS", "device_model", "kernel_models", "models_for_kernels", "kernel_family", "kernel_klayout",
-           "kernel_layout", "kernel_operands", "slice_align", "split_counts"]
+__all__ = ["KernelModel", "KERNEL_MODELS", "device_model", "kernel_models", "models_for_kernels", "kernel_family",
+           "kernel_klayout", "kernel_layout", "kernel_operands", "lane_chunks", "row_layouts", "slice_align",
+           "split_counts"]
 
 _TC = "F=8 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"    # mma.sync m16n8k8 (bf16/f16/tf32)
 _TC16 = "F=16 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"  # mma.sync m16n8k16
@@ -57,7 +59,10 @@ class KernelModel:
     split-K slices rounded up to ``split_align`` elements and residue-first k-tiles of
     ``k_tile`` products (None: the family's step layout is the kernel's); with
     ``split_interleave`` the slices take tiles of that many products round robin; with
-    ``k_order`` K is read in chunks of len(k_order) products in that order (no split)."""
+    ``k_order`` K is read in chunks of len(k_order) products in that order (no split); with
+    ``lanes`` the kernel keeps that many partial sums (a warp's threads), dealt chunks of a
+    per-shape width round robin (``lane_chunks``) and combined as the model's split_reduce
+    says (cuBLAS gemv: a halving tree)."""
     pattern: str
     devices: tuple[str, ...]
     model: str
@@ -67,13 +72,14 @@ class KernelModel:
     split_align: int | None = None
     split_interleave: int | None = None
     k_order: tuple = ()
+    lanes: int | None = None
 
     def __post_init__(self):
         re.compile(self.pattern)  # a bad regex fails at import, not at lookup
         if not self.devices or not all(isinstance(d, str) and d for d in self.devices):
             raise ValueError(f"KernelModel.devices: invalid value {self.devices!r}; valid choices: "
                              "a non-empty tuple of device-name prefixes")
-        for name in ("k_tile", "split_align", "split_interleave"):
+        for name in ("k_tile", "split_align", "split_interleave", "lanes"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"KernelModel.{name}: invalid value {v!r}; valid choices: None or an int >= 1")
@@ -83,6 +89,9 @@ class KernelModel:
         if self.k_order and (self.k_tile or self.split_interleave or sorted(self.k_order) != list(range(len(self.k_order)))):
             raise ValueError(f"KernelModel.k_order: invalid value {self.k_order!r}; valid choices: a permutation "
                              "of range(n), without k_tile or split_interleave")
+        if self.lanes and (self.k_tile or self.split_interleave or self.k_order):
+            raise ValueError(f"KernelModel.lanes: invalid value {self.lanes!r} with k_tile, split_interleave "
+                             "or k_order; valid choices: None, or lanes alone")
         parse_short(self.model)
 
     @property
@@ -96,14 +105,17 @@ class KernelModel:
 
 KERNEL_MODELS: tuple[KernelModel, ...] = (
     KernelModel(
-        r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_(256x128|128x128|64x64)_nn_align1", _HALF, _TC,
+        r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_(256x128|128x128|128x64|64x64)_nn_align1", _HALF, _TC,
         "H200 survey dumps, 256/256 outputs each, bf16 and f16: 256x128 at 3485x2609x8375 (serial "
         "split-K, 3 slices 2792+2792+2791), 3332x2661x14955 (bf16 4 x 3744 .. 3723; f16 3 x 4992 .. "
         "4971), 2063x2485x15905 (3 x 5304 .. 5297); 128x128 at 1106x1261x672 (no split). Misses: "
         "F=16 0..51/256 per dump, value alignment 1989/2048, no residue-first tile 26..256/256, "
         "k-tile 16 or 64 246..255/256. Random-shape dumps (32 outputs each): 256x128 bf16 at "
-        "1555x911x4416 (splitKreduce, 5 x 896 .. 832: whole k-tiles as 4416 % 32 == 0; 888 misses), "
-        "64x64 bf16 at 3504x20x13671 (splitKreduce, 19 x 720 .. 711): 64/64",
+        "1555x911x4416 (splitKreduce, 5 x 896 .. 832: 128-byte lines as 4416 % 64 == 0; 888 misses), "
+        "64x64 bf16 at 3504x20x13671 (splitKreduce, 19 x 720 .. 711): 64/64. Session 15 dumps, 256 "
+        "outputs each, f16: 128x64 at 48x330x12213 (splitKreduce, cuBLASLt S = 88 launched as 85 x "
+        "144 .. 117) and 128x128 at 2607x1559x2272 (serial, 760 + 760 + 752: 16 bytes as 2272 % 64 "
+        "== 32; whole k-tiles 768 + 768 + 736 28/256): 256/256 each (scripts/fit_f16_split.py)",
         k_tile=32, split_align=8),
     KernelModel(
         r"cutlass_80_tensorop_s16816gemm_(bf16|f16)_64x64_32x6_nn_align2", _HALF, _TC16,
@@ -133,7 +145,7 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "Random-shape dumps (32 outputs each), 160/160: splitKreduce at 135x404x6334 (128x256, "
         "33 x 192 .. 190), 203x37x13412 (64x64_32x6, 33 x 408 .. 356), 55x283x8870 (128x64_32x6, "
         "44 x 204 .. 98) and 168x276x13067 (128x256, 44 x 300 .. 167): S up to 44; serial at "
-        "1417x3535x8192 (128x256, 3 x 2752 .. 2688: whole k-tiles as 8192 % 32 == 0; 2732 misses 31/32)",
+        "1417x3535x8192 (128x256, 3 x 2752 .. 2688: 128-byte lines as 8192 % 32 == 0; 2732 misses 31/32)",
         k_tile=32, split_align=4),
     KernelModel(
         r"cutlass_80_simt_sgemm_(256x128_8x4|128x64_8x5)_nn_align1", ("cuda-cublas-fp32",), _FMA,
@@ -262,13 +274,18 @@ def kernel_family(kernel_names) -> str:
 
 
 def slice_align(row: KernelModel, K: int) -> int:
-    """The multiple split-K slices are rounded up to at length K: whole k-tiles when K is a
-    multiple of ``row.k_tile`` (tf32 8192 = 2752 x 2 + 2688, bf16 4416 = 896 x 4 + 832; 16
-    bytes of the operand would give 2732 / 888 and miss), else ``row.split_align``."""
+    """The multiple split-K slices are rounded up to at length K, as CUTLASS 2.x
+    GemmUniversal does (params_universal_base.h, kAlignK): 16 bytes of the operand
+    (``row.split_align`` elements), or a 128-byte cache line (8 times that) when K is a
+    multiple of the line (torch.mm's A is contiguous in K).  H200 dumps: tf32 8192 = 2752 x
+    2 + 2688, bf16 4416 = 896 x 4 + 832, f16 2272 = 760 + 760 + 752 (2272 % 64 = 32: 16
+    bytes), f16 12213 in 85 slices of 144 (S = 88: ceil(12213 / 88) = 139 -> 144).  Rows
+    without a k-tile (SIMT, segment-K) round to ``split_align``."""
     K = _check_int("K", K, 0)
-    if row.k_tile and K and K % row.k_tile == 0:
-        return row.k_tile
-    return row.split_align or 1
+    align = row.split_align or 1
+    if row.k_tile and K and K % (8 * align) == 0:
+        return 8 * align
+    return align
 
 
 def split_counts(row: KernelModel, K: int, max_split: int = 64) -> list[int]:
@@ -291,21 +308,51 @@ def split_counts(row: KernelModel, K: int, max_split: int = 64) -> list[int]:
     return out
 
 
+def lane_chunks(row: KernelModel, K: int) -> list[int]:
+    """The chunk widths a ``lanes`` row may deal K in at length K, each distinct dealing
+    once: powers of two up to 64 and ceil(K / lanes) (one block per lane).  H200 gemv dumps
+    (scripts/fit_gemv.py): 1 at K = 4000 .. 15364, 11 at K = 333, 64 at K = 3000 (M = 1)."""
+    K = _check_int("K", K, 0)
+    if not row.lanes:
+        return []
+    whole = max(1, -(-K // row.lanes))
+    return sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g < whole} | {whole})
+
+
+def row_layouts(row: KernelModel, K: int, predicted: int | None = None) -> list[tuple]:
+    """(KLayout or None, model) for every schedule ``row``'s kernel may run at length K: one
+    per distinct split-K slicing (``split_counts``, plus the library's ``predicted`` count
+    where it is beyond them: cuBLAS was seen cutting K = 12504 into 75 slices), or per chunk
+    width of a ``lanes`` row.  None: K in order, the model's slices as the row rounds them."""
+    if row.lanes:
+        lays = [KLayout(g, row.lanes, 1, interleave=True) for g in lane_chunks(row, K)]
+        return [(lay, lay.model(row.gemm_model, K)) for lay in lays]
+    counts = split_counts(row, K)
+    if predicted and predicted not in counts and predicted <= K:
+        counts.append(predicted)
+    out = []
+    for S in counts:
+        lay = kernel_klayout(row, S, K)
+        out.append((lay, kernel_layout(row, K, S)[1] if lay is None else lay.model(row.gemm_model, K)))
+    return out
+
+
 def _check_int(name: str, v, lo: int) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
         raise ValueError(f"{name}: invalid value {v!r}; valid choices: an int >= {lo}")
     return int(v)
 
 
-def kernel_layout(row: KernelModel, K: int, split_k: int = 1) -> tuple[np.ndarray, GemmModel]:
+def kernel_layout(row: KernelModel, K: int, split_k: int = 1, *, chunk: int = 1) -> tuple[np.ndarray, GemmModel]:
     """(index, model): the padded product order of ``row``'s kernel at length K with
     ``split_k`` slices -- index[j] is the k of padded position j, -1 where the kernel
     multiplies a zero fill -- and the family model that reproduces the kernel on operands
-    gathered by that index (split_k / split_tile set for the padded slices)."""
+    gathered by that index (split_k / split_tile set for the padded slices).  A ``lanes``
+    row deals ``chunk``-wide tiles to its lanes (split_k is the row's)."""
     K = _check_int("K", K, 0)
     split_k = _check_int("split_k", split_k, 1)
     base = row.gemm_model
-    lay = kernel_klayout(row, split_k, K)
+    lay = kernel_klayout(row, split_k, K, chunk=chunk)
     if lay is None:  # contiguous slices, K in order
         bounds = split_bounds(K, split_k, row.split_align or 1) if K else [(0, 0)]
         index = np.arange(K, dtype=np.int64)
@@ -316,12 +363,14 @@ def kernel_layout(row: KernelModel, K: int, split_k: int = 1) -> tuple[np.ndarra
     return index, lay.model(base, K)
 
 
-def kernel_klayout(row: KernelModel, split_k: int = 1, K: int | None = None) -> KLayout | None:
+def kernel_klayout(row: KernelModel, split_k: int = 1, K: int | None = None, *, chunk: int = 1) -> KLayout | None:
     """The schedule table's form of ``row``'s K order with ``split_k`` slices (None: K as
-    given, contiguous slices).  Pass K: at K % k_tile == 0 the slices are whole k-tiles
-    (``slice_align``)."""
+    given, contiguous slices).  Pass K: where K is a multiple of a 128-byte line the slices
+    are rounded to it (``slice_align``)."""
     if row.k_order:
         return KLayout(len(row.k_order), 1, 1, chunk=row.k_order)
+    if row.lanes:
+        return KLayout(_check_int("chunk", chunk, 1), row.lanes, 1, interleave=True)
     if row.split_interleave:
         return KLayout(row.split_interleave, split_k, 1, interleave=True)
     if not row.k_tile:
@@ -329,14 +378,14 @@ def kernel_klayout(row: KernelModel, split_k: int = 1, K: int | None = None) -> 
     return KLayout(row.k_tile, split_k, row.split_align or 1 if K is None else slice_align(row, K))
 
 
-def kernel_operands(row: KernelModel, a, b, split_k: int = 1):
+def kernel_operands(row: KernelModel, a, b, split_k: int = 1, *, chunk: int = 1):
     """(a', b', model): ``a`` [M, K] and ``b`` [K, N] (numpy arrays or torch tensors) with the
     kernel's zero fill inserted along K, and the family model that computes ``row``'s kernel
     on them (``simulate_gemm(model, a', b')`` / ``fp4ref.gemm.emulate``)."""
     K = a.shape[1]
     if b.shape[0] != K:
         raise ValueError(f"b: invalid shape {tuple(b.shape)}; valid choices: [K={K}, N]")
-    index, model = kernel_layout(row, K, split_k)
+    index, model = kernel_layout(row, K, split_k, chunk=chunk)
     if np.array_equal(index, np.arange(K)):  # K as given (a permutation is not)
         return a, b, model
     return gather_k(a, index, 1), gather_k(b, index, 0), model

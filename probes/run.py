@@ -17,10 +17,11 @@ from .result import DeviceResult, ShapeResult, decide_status
 from .sim import simulate_gemm
 from .validate import DEFAULT_SHAPES, _fit_shape, _try_splits, random_batch, validate
 
-__all__ = ["probe_device", "infer_shapes", "precheck_shapes", "pick_survivor", "identity", "kernels_at",
+__all__ = ["probe_device", "infer_shapes", "explain_shapes", "precheck_shapes", "pick_survivor", "identity", "kernels_at",
            "SPLIT_SEARCH_S"]
 
 SPLIT_SEARCH_S = 20.0   # per shape: a longer split-K search hands the shape to per-shape inference
+EXPLAIN_S = 15.0        # per shape: explain_shape's search budget inside a probe run
 
 
 def identity(dev) -> tuple:
@@ -28,9 +29,10 @@ def identity(dev) -> tuple:
     return (dev.name, dev.backend, dev.kind, dev.hardware_run)
 
 
-def precheck_shapes(dev, model, shapes=None, *, seed=0) -> list:
+def precheck_shapes(dev, model, shapes=None, *, seed=0, split_search_s=SPLIT_SEARCH_S) -> list:
     """Validation shapes where one heavy-tailed random batch disagrees with ``model`` and
-    no split of it (validate's per-shape schedules) explains the outputs."""
+    no split of it (validate's per-shape schedules, searched for at most ``split_search_s``)
+    explains the outputs."""
     caps = dev.caps
     rng = np.random.default_rng(seed)
     out = []
@@ -42,9 +44,38 @@ def precheck_shapes(dev, model, shapes=None, *, seed=0) -> list:
             continue  # validation reports device errors
         exp = simulate_gemm(model, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
         if not np.array_equal(exp, got) and _try_splits(model, a, b, sa, sb, caps, alpha, got,
-                                                        seconds=SPLIT_SEARCH_S) is None:
+                                                        seconds=split_search_s) is None:
             out.append(shp)
     return out
+
+
+def explain_shapes(dev, model, shapes, *, seed=0, deadline=None) -> tuple[dict, list]:
+    """({shape: (model, KLayout or None)} for the shapes explain_shape reproduces bit for bit
+    at that exact shape, [the others]).  Only devices that name their kernels: the kernel
+    table's rows are what explain adds to the split search.  ``deadline``: a time.time()
+    after which no shape is explained."""
+    if dev.tensors is None or dev.tensors.kernels is None:
+        return {}, list(shapes)
+    from .explain import explain_shape
+    got, rest = {}, []
+    for shp in shapes:
+        try:
+            if deadline is not None and time.time() > deadline:
+                raise TimeoutError("the run's time budget was spent")
+            e = explain_shape(dev, tuple(shp), base_model=model, seed=seed, budget_s=EXPLAIN_S)
+        except Exception:  # a refusal, or no time: the shape goes to per-shape inference
+            rest.append(shp)
+            continue
+        if e.exact:
+            got[tuple(shp)] = (e.model, e.layout)
+        else:
+            rest.append(shp)
+    return got, rest
+
+
+def _schedule_text(model, layout) -> str:
+    from reference.notation import short
+    return short(model) + ("" if layout is None else f" K order {layout.to_dict()}")
 
 
 def pick_survivor(dev, survivors, *, seed=0, limit=16):
@@ -106,6 +137,7 @@ def probe_device(dev, *, quick=False, outputs=100_000, seed=0, progress=None, pe
     ev["extra"].update(device_calls=res.device_calls, probes_asked=len(res.asked),
                        inference_wall_s=round(res.wall_s, 3))
     _choose_model(dev, ev, res, seed)
+    _kernel_row_fallback(dev, ev, res)
     v = None
     if res.status == "fit":
         if progress:
@@ -131,6 +163,21 @@ def _choose_model(dev, ev, res, seed) -> None:
             res.model = pick.replace(name="inferred")
             ev["notes"].append("the probes left several candidates equivalent; two random batches "
                                "chose this one over the simplest")
+
+
+def _kernel_row_fallback(dev, ev, res) -> None:
+    """No model of the probe family fits, but the kernel table has a row written for this
+    device (e.g. Triton imprecise-0: mma.sync fed in a permuted K order the family cannot
+    express): that row becomes the model to validate, each shape in the K order explain
+    finds for its kernel.  The validation decides the status, as for an inferred model."""
+    from .kernels import device_model
+    row = device_model(dev.name) if res.status == "no_fit" else None
+    if row is None or dev.tensors is None or dev.tensors.kernels is None:
+        return
+    res.status, res.model = "fit", row.replace(name="kernel-table", output=dev.caps.output)
+    ev["extra"]["model_source"] = "kernel table (probes.kernels)"
+    ev["notes"].append("no model of the probe family fits every probe; the kernel table's row for "
+                       "this device is validated instead, each shape in its kernel's K order")
 
 
 def kernels_at(dev, shapes, *, seed=0) -> list:
@@ -161,12 +208,19 @@ def _validate_device(dev, model, ev, *, outputs, seed, quick, progress, per_shap
         ev["notes"].append("per-shape inference skipped: the run's time budget was spent")
         per_shape = False
     if per_shape:
-        # libraries pick the kernel by shape: shapes the model misses on one batch (and no
-        # split of it explains) are inferred on their own before the full validation
-        failing = precheck_shapes(dev, model, shapes, seed=seed + 2)
-        if failing:
-            shape_models, ev["shapes"] = infer_shapes(dev, failing[:max_shapes], quick=quick, seed=seed,
-                                                      progress=progress)
+        # libraries pick the kernel by shape: shapes the model misses on one batch are
+        # explained at that exact shape (the kernel table's K orders and splits, where the
+        # device names its kernels), else (no split of it explaining them either) inferred
+        # on their own before the full validation
+        named = dev.tensors is not None and dev.tensors.kernels is not None
+        failing = precheck_shapes(dev, model, shapes, seed=seed + 2, split_search_s=0.0 if named else SPLIT_SEARCH_S)
+        shape_models, rest = explain_shapes(dev, model, failing, seed=seed + 5, deadline=shape_deadline)
+        if shape_models:
+            extra["explained_shapes"] = {str(list(k)): _schedule_text(*v) for k, v in shape_models.items()}
+        if rest:
+            inferred, ev["shapes"] = infer_shapes(dev, rest[:max_shapes], quick=quick, seed=seed,
+                                                  progress=progress)
+            shape_models.update(inferred)
     v = validate(dev, model, outputs=outputs, seed=seed + 1, shape_models=shape_models,
                  no_split_search=failing, **vkw)
     ev["validation"] = v.record

@@ -28,7 +28,7 @@ from reference.exact import Exact, Kind
 from reference.formats import get_format
 from reference import gemm as rg
 from reference.rounding import Mode, Subnormal
-from reference.schedule import Operand, ScaleAt, Schedule
+from reference.schedule import Operand, ScaleAt, Schedule, SplitReduce
 from fp4ref.gridround import (MODE_CODE, GridFormat, bit_length, round_int, shift_round,
                               trailing_zeros)
 
@@ -450,7 +450,8 @@ def _plan(model: rg.GemmModel, K: int, block, scaled: bool) -> Schedule | None:
 
 def _key(plan: Schedule) -> tuple:
     """Rows of one key run together: (F, K, GROUP scales, block) when every step is F wide
-    (rows may then differ in group and slice boundaries, per-row masks), else one layout."""
+    (rows may then differ in group and slice boundaries and in ``split_reduce``, per-row
+    masks), else one layout."""
     key = (plan.step_width, plan.K, plan.scales is ScaleAt.GROUP, plan.block)
     return key if plan.uniform else key + (plan.layout,)
 
@@ -682,7 +683,8 @@ def _started(plans: list, Z: int):
 def _run_uniform(F, K, offset, plans, rows, prods, scale_prod, fallback, pe, ref) -> np.ndarray:
     """Steps of width F over K for every row; at each step end the rows whose plan ends a
     group there round it into their outer accumulator (cross-group rounding), the rows
-    whose plan ends a slice add that into their total (split-K)."""
+    whose plan ends a slice add that into their total (split-K, in order), or, under
+    ``SplitReduce.TREE``, keep it apart for the halving tree at the end (``_tree``)."""
     psp, pneg, pmag, pq = prods
     R = len(plans)
     acc, outer, total = _zeros(R), _zeros(R), _zeros(R)
@@ -694,6 +696,15 @@ def _run_uniform(F, K, offset, plans, rows, prods, scale_prod, fallback, pe, ref
     pidx, uplans = _distinct(plans)
     gends, sends, sblks = _boundaries(uplans, F, K)
     total_ok, outer_ok = np.zeros(R, bool), np.zeros(R, bool)
+    tree_u = np.array([_is_tree(p) for p in uplans], bool)
+    tree = tree_u[pidx]
+    if tree.any():  # the slice index ending at each step; slice results, +0 where skipped
+        sidx = np.zeros(gends.shape, _I64)
+        for u, p in enumerate(uplans):
+            for s, sl in enumerate(p.slices):
+                if sl.hi:
+                    sidx[u, sl.hi // F - 1] = s
+        parts = [_zeros(R) for _ in range(max(len(p.slices) for p in uplans))]
     if z:
         t_u, o_u = _started(uplans, z * F)
         total_ok, outer_ok = t_u[pidx], o_u[pidx]
@@ -712,10 +723,48 @@ def _run_uniform(F, K, offset, plans, rows, prods, scale_prod, fallback, pe, ref
             for x in acc:
                 x[idx] = 0
         if slice_end.any():  # split-K: the first slice's value as is, then FP32 RNE adds
-            idx = np.nonzero(slice_end)[0]
-            _set_outer(total, total_ok, idx, tuple(x[idx] for x in outer), rows.rne[idx], False)
-            outer_ok[idx] = False
+            idx = np.nonzero(slice_end & ~tree)[0]
+            if len(idx):
+                _set_outer(total, total_ok, idx, tuple(x[idx] for x in outer), rows.rne[idx], False)
+            tidx = np.nonzero(slice_end & tree)[0]
+            if len(tidx):  # TREE: the slice's result kept in its place
+                sl_of = sidx[pidx[tidx], j]
+                for s in np.unique(sl_of):
+                    ri = tidx[sl_of == s]
+                    for x, y in zip(parts[s], outer):
+                        x[ri] = y[ri]
+            outer_ok[np.nonzero(slice_end)[0]] = False
+    if tree.any():
+        _tree(total, parts, tree_u, pidx, uplans, rows.rne)
     return _to_f64(*total)
+
+
+def _is_tree(plan: Schedule) -> bool:
+    """The plan combines its slices by the halving tree (two slices: the one add either way)."""
+    return plan.split_reduce is SplitReduce.TREE and len(plan.slices) > 2
+
+
+def _tree(total, parts, tree_u, pidx, uplans, rne) -> None:
+    """total[r] = the halving tree (``Schedule.combine``) over parts[0..n)[r] of the rows r of
+    a TREE plan of n slices: while n > 1, h = ceil(n / 2), parts[i] += parts[i + h] for
+    i < n - h (FP32 RNE), n = h."""
+    ns = np.array([len(p.slices) for p in uplans])[pidx]
+    for n0 in np.unique(ns[tree_u[pidx]]):
+        ri = np.nonzero(tree_u[pidx] & (ns == n0))[0]
+        v = [tuple(x[ri] for x in part) for part in parts[:n0]]
+        n = int(n0)
+        m = len(ri)
+        while n > 1:  # one level's adds as one batch of (n - h) * m rows
+            h = (n + 1) // 2
+            x = tuple(np.concatenate([v[i][c] for i in range(n - h)]) for c in range(4))
+            y = tuple(np.concatenate([v[i + h][c] for i in range(n - h)]) for c in range(4))
+            mode = np.tile(rne[ri], n - h)
+            s = _add_round(x, y, _FP32, mode, mode)
+            for i in range(n - h):
+                v[i] = tuple(c[i * m:(i + 1) * m] for c in s)
+            n = h
+        for x, y in zip(total, v[0]):
+            x[ri] = y
 
 
 def _set_outer(outer, ok, idx, a, mode, round_first=True) -> None:

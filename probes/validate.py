@@ -159,8 +159,9 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
              shape_models: dict | None = None, no_split_search=()) -> ValidationResult:
     """Compare ``model`` with ``device`` on at least ``outputs`` random outputs.
 
-    ``shape_models``: {(M, N, K): model} for shapes where the library runs another kernel
-    (inferred per shape); those shapes are checked against their own model.
+    ``shape_models``: {(M, N, K): model or (model, KLayout)} for shapes where the library
+    runs another kernel (inferred or explained per shape); those shapes are checked against
+    their own model, on the operands in the kernel's K order where a layout is given.
     ``no_split_search``: shapes where a mismatch is not searched for a split-K schedule
     (a pre-check already found none that explains them)."""
     no_split_search = {tuple(x) for x in no_split_search}
@@ -184,8 +185,9 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
             break
         try:
             a, b, sa, sb, alpha, got = random_batch(device, M, N, K, rng, kind)
-            here = shape_models.get((M, N, K), model)
-            exp = simulate_gemm(here, a, b, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+            here, lay = _schedule(shape_models.get((M, N, K), model))
+            a2, b2 = (a, b) if lay is None else lay.pad(a, b)
+            exp = simulate_gemm(here, a2, b2, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
             # the first batch, and every batch the model misses, is sent twice: intermittent
             # noise shows as two answers to one question, not as a model that does not fit
             if repeat_check and (n == 0 or not np.array_equal(exp, got)):
@@ -222,6 +224,11 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
         res.record["errors"] = list(res.errors)
     res.wall_s = time.perf_counter() - t0
     return res
+
+
+def _schedule(entry) -> tuple:
+    """(model, KLayout or None) of a shape_models value."""
+    return entry if isinstance(entry, tuple) else (entry, None)
 
 
 def _repeat(device, ops, got, shape, res) -> None:

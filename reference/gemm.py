@@ -10,7 +10,10 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
 1. products p_k = a_k * b_k, exact (or rounded to ``product_format``); with
    block scales and scale_point PRODUCT, p_k *= sa[k // B] * sb[k // B] (exact).
 2. K is cut into ``split_k`` contiguous slices, each reduced by steps 3-4,
-   then the slice results are added in order with FP32 RNE.  Slices are equal
+   then the slice results are combined with FP32 RNE adds: in order
+   (``split_reduce`` SERIAL), or as a halving tree (TREE: v[i] += v[i + ceil(n/2)]
+   for i < n - ceil(n/2), n -> ceil(n/2), until one is left; cuBLAS's fp32 gemv
+   reduces its 32 lane partials so).  Slices are equal
    (K a multiple of split_k), or with ``split_tile`` T each slice but the last
    holds ceil(K / split_k) rounded up to a multiple of T (cuBLAS split-K on the
    H200: K = 4096 as 3 slices of 1408, 1408, 1280); see ``split_bounds``.
@@ -71,10 +74,10 @@ from .errors import check_choice, parse_enum
 from .exact import Exact, Kind, NAN, exact, floor_log2, pow2
 from .formats import FORMATS, FormatSpec, Specials, get_format
 from .rounding import Mode, Overflow, InfPolicy, NanPolicy, Policy, Subnormal, encode
-from .schedule import AlignRef, Operand, ScaleAt, ScalePoint, Schedule
+from .schedule import AlignRef, Operand, ScaleAt, ScalePoint, Schedule, SplitReduce
 
-__all__ = ["ScalePoint", "AlignRef", "AlphaMode", "GemmModel", "Schedule", "PRESETS", "get_preset",
-           "dot", "matmul", "split_bounds", "accumulator_format", "round_fp", "round_fp32",
+__all__ = ["ScalePoint", "AlignRef", "SplitReduce", "AlphaMode", "GemmModel", "Schedule", "PRESETS",
+           "get_preset", "dot", "matmul", "split_bounds", "accumulator_format", "round_fp", "round_fp32",
            "mul_exact", "add_exact", "special_sum", "fused_step"]
 
 
@@ -116,6 +119,9 @@ class GemmModel:
     chain: bool = False              # groups start from the running FP32 accumulator (C)
     overflow_inf: bool = False       # fused sum >= 2^128 in magnitude -> +-Inf
     exp_formats: tuple | None = None  # (a, b, scale) formats for SCALE_EXPONENT_SUM (None: FP32)
+    # How split-K slice results are combined (SERIAL: in order; TREE: halving tree, cuBLAS
+    # fp32 gemv).  Omitted from to_dict when SERIAL.
+    split_reduce: SplitReduce = SplitReduce.SERIAL
 
     def __post_init__(self):
         """Check every field: a bad value is a ValueError naming the field, the value and
@@ -229,9 +235,9 @@ _INT_FIELDS = (("fma_width", 1, False, "an int >= 1"), ("split_k", 1, False, "an
                ("exact_group", 1, True, "None or an int >= 1"))
 _ENUM_FIELDS = (("align_mode", Mode), ("align_ref", AlignRef), ("norm_mode", Mode), ("outer_mode", Mode),
                 ("output_mode", Mode), ("acc_subnormal", Subnormal), ("scale_point", ScalePoint),
-                ("alpha_mode", AlphaMode))
+                ("alpha_mode", AlphaMode), ("split_reduce", SplitReduce))
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(GemmModel)}
-_OMIT_DEFAULT = ("exact_group", "chain", "overflow_inf", "exp_formats")
+_OMIT_DEFAULT = ("exact_group", "chain", "overflow_inf", "exp_formats", "split_reduce")
 
 
 def accumulator_format(acc_frac_bits: int) -> FormatSpec:

@@ -25,7 +25,9 @@ the default::
                             promotion interval (- = none) and the rounding of the
                             cross-group additions (shown unless - and RNE); chain: each
                             instruction starts from the running accumulator
-  split=<split_k>[/T<split_tile>]   K slices (uneven: rounded up to a k-tile)   (optional)
+  split=<split_k>[/T<split_tile>][:tree]
+                            K slices (uneven: rounded up to a k-tile), their results added
+                            in order, or with :tree as a halving tree            (optional)
   scale=group               block scales multiply group partial sums           (optional)
   L=<lattice>               results snapped to multiples of it, RNE            (optional)
   prod=<product_format>     products rounded to this format                    (optional)
@@ -46,7 +48,7 @@ from dataclasses import fields
 from fractions import Fraction
 
 from .errors import parse_enum
-from .gemm import AlignRef, AlphaMode, GemmModel, ScalePoint, get_preset
+from .gemm import AlignRef, AlphaMode, GemmModel, ScalePoint, SplitReduce, get_preset
 from .rounding import Mode, Subnormal
 
 __all__ = ["PARAMETERS", "ALIASES", "to_dict", "from_dict", "partition", "short", "parse_short",
@@ -77,6 +79,8 @@ PARAMETERS = {
     "chain": "true: each instruction of group_size products starts from the running FP32 accumulator",
     "overflow_inf": "true: a fused sum beyond the FP32 range becomes +-Inf",
     "exp_formats": "null or [a, b, scale]: the formats whose exponents SCALE_EXPONENT_SUM aligns at",
+    "split_reduce": "how the split-K slice results are combined (each add FP32 RNE): SERIAL in order "
+                    "(default), TREE a halving tree v[i] += v[i + ceil(n/2)] (cuBLAS fp32 gemv)",
 }
 
 # Other spellings older writers used -> GemmModel field.
@@ -138,8 +142,10 @@ def short(m: GemmModel, *, name: bool = False) -> str:
         g.append(m.outer_mode.name)
     g += ["chain"] if m.chain else []
     t += ["align=" + ":".join(al), "acc=" + ":".join(acc), "G=" + ":".join(g)]
-    if m.split_k != 1 or m.split_tile is not None:
-        t.append(f"split={m.split_k}" + (f"/T{m.split_tile}" if m.split_tile is not None else ""))
+    tree = m.split_reduce is SplitReduce.TREE
+    if m.split_k != 1 or m.split_tile is not None or tree:
+        t.append(f"split={m.split_k}" + (f"/T{m.split_tile}" if m.split_tile is not None else "")
+                 + (":tree" if tree else ""))
     if m.scale_point is not ScalePoint.PRODUCT:
         t.append(f"scale={m.scale_point.value}")
     if m.lattice is not None:
@@ -194,6 +200,11 @@ def _p_group(v, kw):
 
 
 def _p_split(v, kw):
+    v, *rest = v.split(":")
+    for p in rest:
+        if p != "tree":
+            raise ValueError(f"short form: split: unknown part {p!r}; valid: tree")
+        kw["split_reduce"] = SplitReduce.TREE
     s, sep, t = v.partition("/T")
     kw["split_k"] = _int("split", s)
     if sep:
@@ -330,7 +341,13 @@ def _epilogue_words(m: GemmModel) -> list[str]:
     out = []
     if m.split_k > 1:
         tile = f" (tiles of {m.split_tile})" if m.split_tile else ""
-        out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then added in FP32 (RNE).")
+        if m.split_reduce is SplitReduce.TREE:
+            out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then combined by a "
+                       "halving tree in FP32 (RNE): of n partial results, each i < n - ceil(n/2) adds "
+                       "result i + ceil(n/2), leaving ceil(n/2), until one is left.")
+        else:
+            out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then added in "
+                       "FP32 (RNE).")
     if m.lattice is not None:
         out.append(f"The result is snapped to multiples of {_lattice_words(m.lattice)}, ties to even.")
     if m.alpha_mode is not AlphaMode.PREMULTIPLIED:
@@ -356,7 +373,8 @@ def hypothesis_name(m: GemmModel) -> str:
     if not m.chain:
         seed = get_preset("probe_matched")
         keys = ("product_format", "fma_width", "align_bits", "acc_frac_bits", "norm_mode", "acc_subnormal",
-                "group_size", "outer_mode", "scale_point", "split_k", "exact_group", "align_ref")
+                "group_size", "outer_mode", "scale_point", "split_k", "exact_group", "align_ref",
+                "split_reduce")
         if any(getattr(m, k) != getattr(seed, k) for k in keys):
             return "general family"
         return "seed probe_matched" + (f" with the {m.lattice} lattice" if m.lattice is not None else "")
@@ -366,7 +384,7 @@ def hypothesis_name(m: GemmModel) -> str:
              f"{m.exact_group or 1}, {m.align_bits} fraction bits {m.align_mode.name}, "
              f"{m.norm_mode.name} per instruction, aligned by {m.align_ref.name.lower().replace('_', ' ')}")
     if m.split_k > 1:
-        words += f", split-K {m.split_k}"
+        words += f", split-K {m.split_k}" + (" (tree)" if m.split_reduce is SplitReduce.TREE else "")
     if m.lattice is not None:
         words += f", lattice {m.lattice}"
     return words + ")"

@@ -18,7 +18,7 @@ slices of whole blocks.
 
 How ``Schedule.run`` walks a plan (c: a chain model's initial accumulator, default none)::
 
-    total = None
+    parts = []
     for sl in plan.slices:                     # split-K slices, in reduction order
         outer = c if sl.lo == 0 else None
         for g in sl.groups:
@@ -32,8 +32,19 @@ How ``Schedule.run`` walks a plan (c: a chain model's initial accumulator, defau
                 outer = round(acc, FP32, plan.outer_mode)
             else:                              # cross-group rounding
                 outer = round(outer + acc, FP32, plan.outer_mode)
-        total = outer if total is None else round(total + outer, FP32, RNE)   # split-K add
+        parts.append(outer)                    # the slice's FP32 result
+    total = combine(parts)                     # split-K: plan.split_reduce, each add FP32 RNE
     then lattice, alpha (model.alpha_mode), output rounding (the model's epilogue)
+
+``combine`` (``SplitReduce``; every add FP32 RNE, ``Arithmetic.add_slices``): SERIAL adds
+the n slice results in order, left to right; TREE halves (cuBLAS's fp32 gemv: an xor-shuffle
+butterfly over 32 lane partials, lane 0's result)::
+
+    while n > 1:
+        h = ceil(n / 2)
+        for i in range(n - h): v[i] = round(v[i] + v[i + h], FP32, RNE)
+        n = h
+    total = v[0]
 
 With ``plan.scales`` PRODUCT each product is multiplied exactly by its block's two scales
 (after ``product_format`` rounding) before any of this.
@@ -51,8 +62,8 @@ from .rounding import Mode
 if TYPE_CHECKING:  # pragma: no cover
     from .gemm import GemmModel
 
-__all__ = ["ScalePoint", "AlignRef", "ScaleAt", "Operand", "ExpFactor", "Step", "Group", "Slice",
-           "Schedule", "Arithmetic", "plan", "build", "split_bounds", "acc_exp_floor"]
+__all__ = ["ScalePoint", "AlignRef", "SplitReduce", "ScaleAt", "Operand", "ExpFactor", "Step",
+           "Group", "Slice", "Schedule", "Arithmetic", "plan", "build", "split_bounds", "acc_exp_floor"]
 
 
 class ScalePoint(enum.Enum):
@@ -65,6 +76,12 @@ class AlignRef(enum.Enum):
     EXPONENT_SUM = "exponent_sum"  # products: sum of the factors' exponents (unnormalized)
     SCALE_EXPONENT_SUM = "scale_exponent_sum"  # MMA-Sim: format exponents (subnormal/zero at
                                                # emin), exact groups by their scales' exponents
+
+
+class SplitReduce(enum.Enum):
+    """How the split-K slice results are combined (each add FP32 RNE)."""
+    SERIAL = "serial"  # in order, left to right
+    TREE = "tree"      # halving tree: v[i] += v[i + ceil(n/2)] for i < n - ceil(n/2), n -> ceil(n/2)
 
 
 class ScaleAt(enum.Enum):
@@ -126,6 +143,8 @@ class Schedule:
     acc_exp_floor: int | None               # see ``acc_exp_floor`` (None also when exact)
     uniform: bool                           # every step has ``step_width`` products
     layout: tuple                           # the inputs of ``slices`` (equal: equal slices)
+                                            # and, last, ``split_reduce``
+    split_reduce: SplitReduce = SplitReduce.SERIAL  # how the slice results are combined
 
     @property
     def groups(self) -> tuple[Group, ...]:
@@ -157,7 +176,7 @@ class Schedule:
     def run(self, arith: "Arithmetic", c=None):
         """Walk the plan with a backend's arithmetic (the module docstring's order): the
         FP32 sum before the epilogue.  ``c``: a chain model's initial accumulator."""
-        total = None
+        parts = []
         for sl in self.slices:
             outer = c if sl.lo == 0 else None
             for g in sl.groups:
@@ -169,7 +188,23 @@ class Schedule:
                     outer = arith.round_outer(acc)
                 else:                            # cross-group rounding
                     outer = arith.add_outer(outer, acc)
-            total = outer if total is None else arith.add_slices(total, outer)  # split-K
+            parts.append(outer)
+        return self.combine(arith, parts)
+
+    def combine(self, arith: "Arithmetic", parts: list):
+        """The slices' FP32 results combined per ``split_reduce`` (each add
+        ``arith.add_slices``: FP32 RNE): SERIAL in order, TREE the halving tree."""
+        if self.split_reduce is SplitReduce.TREE:
+            v, n = list(parts), len(parts)
+            while n > 1:
+                h = (n + 1) // 2
+                for i in range(n - h):
+                    v[i] = arith.add_slices(v[i], v[i + h])
+                n = h
+            return v[0]
+        total = parts[0]
+        for part in parts[1:]:
+            total = arith.add_slices(total, part)
         return total
 
 
@@ -324,9 +359,10 @@ def build(model: "GemmModel", K: int, block: int | None = None) -> Schedule:
               ScaleAt.GROUP if model.scale_point is ScalePoint.GROUP else ScaleAt.PRODUCT)
     bounds = _check(model, K, block, scales)
     layout = (K, block, scales, model.fma_width, model.group_size, model.split_k,
-              model.split_tile, model.exact_group)
-    slices, uniform = _layout(layout, tuple(bounds))
+              model.split_tile, model.exact_group, model.split_reduce)
+    slices, uniform = _layout(layout[:8], tuple(bounds))  # (split_reduce: not the slices')
     return Schedule(K, block, scales, slices, model.chain, model.outer_mode, model.exact_group,
                     _exp_factors(model, scales),
-                    None if model.align_bits is None else acc_exp_floor(model), uniform, layout)
+                    None if model.align_bits is None else acc_exp_floor(model), uniform, layout,
+                    model.split_reduce)
 

@@ -41,6 +41,7 @@ def main():
     p.add_argument("--shape", action="append", default=[], help="MxNxK for every device (instead of the log)")
     p.add_argument("--step", type=int, default=0, help="rows and columns every STEP (one per output tile)")
     p.add_argument("--repeat", type=int, default=1, help="native calls of the same batch (out, out1, ...)")
+    p.add_argument("--block", default=None, help="LO:HI,LO:HI: every row and column of that block")
     p.add_argument("--misses", action="store_true")
     p.add_argument("--max", type=int, default=12)
     p.add_argument("--rows", type=int, default=4)
@@ -61,7 +62,10 @@ def main():
             out = dev.call_tensors(batch)
             kern = dev.kernels(batch)
             g = np.random.default_rng(M * 7 + N * 13 + K)
-            if a.step:
+            if a.block:
+                (r0, r1), (c0, c1) = (map(int, x.split(":")) for x in a.block.split(","))
+                r, c = np.arange(r0, min(r1, M)), np.arange(c0, min(c1, N))
+            elif a.step:
                 r, c = np.arange(g.integers(a.step) % M, M, a.step), np.arange(g.integers(a.step) % N, N, a.step)
             else:
                 r = np.sort(g.choice(M, min(a.rows, M), replace=False))

@@ -301,3 +301,40 @@ def test_layout_candidates_cover_in_order_rows_and_the_predicted_split():
     c = layout_candidates("cuda-cublas-fp32", [name], 12504, "float32", predicted=75)
     first = predicted_first(c, 75)[0][0]
     assert (first.split_k, first.split_tile) == (75, 4)
+    # a k-tile row: cuBLASLt's 88 slices of 12213 launch as 85 of 144 (empty ones dropped);
+    # the candidate laid out for 88 still comes first (f16 48x330x12213 on the H200)
+    name = "void cutlass::Kernel2<cutlass_75_tensorop_s1688gemm_f16_128x64_nn_align1>(Params)"
+    m, lay = predicted_first(layout_candidates("cuda-cublas-float16", [name], 12213, "float32", 88), 88)[0]
+    assert (lay.split_k, lay.split_align, m.split_k) == (88, 8, 85)
+
+
+def test_probe_validation_explains_kernel_order_shapes():
+    """make probe's validation of a device whose kernel reads K in an order no probe-family
+    model has (Triton imprecise-0's kWidth-4 chunks): the inference's no_fit falls back to
+    the kernel table's row, every shape the row misses in natural K order is explained at
+    that shape (its KLayout), and the validation on fresh batches then matches bit for bit.
+    Oracle: the virtual device runs simulate_gemm on kernel_operands' permuted operands."""
+    from types import SimpleNamespace
+    from probes.device import Device, TensorOps
+    from probes.kernels import device_model, kernel_models, kernel_operands
+    from probes.run import _kernel_row_fallback, explain_shapes, precheck_shapes
+    from probes.sim import bits_to_float
+    from probes.validate import validate
+    name, dname, fmt = _TRITON0
+    row = kernel_models(dname, [name])[0]
+
+    def fn(a, b, **_):
+        a2, b2, m = kernel_operands(row, a, b, 1)
+        return bits_to_float(simulate_gemm(m, a2, b2), "float32")
+    dev = Device(dname, "virtual kernel K order", "virtual", Capabilities(fmt, fmt, "float32", max_k=16384), fn,
+                 tensors=TensorOps(kernels=lambda batch: [name]))
+    res, ev = SimpleNamespace(status="no_fit", model=None), {"notes": [], "extra": {}}
+    _kernel_row_fallback(dev, ev, res)
+    assert res.status == "fit" and res.model.replace(name="custom") == device_model(dname)
+    shapes = [(9, 7, 301), (16, 8, 256), (5, 3, 40)]
+    failing = precheck_shapes(dev, res.model, shapes, split_search_s=0.0)
+    assert sorted(failing) == sorted(shapes)   # natural K order misses each shape
+    got, rest = explain_shapes(dev, res.model, failing, seed=3)
+    assert rest == [] and all(lay is not None and lay.chunk for _, lay in got.values()), got
+    v = validate(dev, res.model, outputs=200, shapes=shapes, shape_models=got, no_split_search=failing)
+    assert v.per_shape and all(s["matches"] == s["outputs"] and s["own_model"] for s in v.per_shape), v.per_shape

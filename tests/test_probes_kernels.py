@@ -7,7 +7,10 @@ being the oracle: 2 rows x 2 columns of the survey dumps at the two smallest-K s
 dumps' excerpts listed in ``RANDOM``, appended with ``... tests/test_probes_kernels.py --random
 FOLDER`` (FOLDER holding b16.npz, fp32.npz, tf32.npz); and ``triton_imp0_*``: 4 x 4 outputs of
 a Triton fp8 tl.dot (mma.sync m16n8k16) at K = 256 from ``scripts/triton_dump.py``'s dumps (the rows
-and columns where the natural K order and the nearest instruction models miss most).
+and columns where the natural K order and the nearest instruction models miss most); the last two
+excerpts (2 x 2 outputs of cuBLAS f16 at 48x330x12213, S = 88 with splitKreduce, and 2607x1559x2272,
+serial S = 3) are from session 15's dumps (scripts/gpu_dump_shapes.py; fitted by
+scripts/fit_f16_split.py: 256 of 256 dumped outputs each under slice_align's cache-line rule).
 """
 from __future__ import annotations
 
@@ -185,6 +188,17 @@ def test_slices_of_whole_k_tiles_when_k_is_a_multiple():
     assert (m.split_k, m.split_tile, len(idx)) == (3, 2752, 8192)
     assert kernel_klayout(row, 3, 8192).split_align == 32 and kernel_klayout(row, 3).split_align == 4
     assert 44 in split_counts(row, 8870)   # S = 44 seen at 55x283x8870: the default reaches it
+
+
+def test_slices_rounded_to_a_cache_line_or_16_bytes():
+    """CUTLASS 2.x GemmUniversal's kAlignK for 2-byte operands: 64 elements (128 bytes) when
+    K is a multiple of 64, else 8 (16 bytes); H200 f16 2607x1559x2272 (2272 % 64 = 32) runs
+    760 + 760 + 752, not whole k-tiles 768 + 768 + 736 (28 of 256 dumped outputs)."""
+    row = kernel_models("cuda-cublas-float16", [S1688.replace("bf16", "f16")])[0]
+    assert [slice_align(row, K) for K in (2272, 4416, 12213, 64, 32)] == [8, 64, 8, 64, 8]
+    _, m = kernel_layout(row, 2272, 3)
+    assert (m.split_k, m.split_tile) == (3, 768)   # padded: 8 fill + 760 | 760 + 8 fill | 752 + 16
+    assert [len(range(*b)) for b in __import__("reference.gemm", fromlist=["x"]).split_bounds(m, 2304)] == [768] * 3
 
 
 def test_interleaved_split_literal():
