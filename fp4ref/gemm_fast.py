@@ -77,7 +77,7 @@ import warnings
 import torch
 
 from reference.rounding import Mode, Subnormal
-from reference.schedule import AlignRef, Operand, Schedule, ScaleAt, SplitReduce
+from reference.schedule import AlignRef, Operand, Schedule, ScaleAt, SplitReduce, reduce_levels
 
 __all__ = ["fast_reason", "operands_reason", "fast_totals", "round32", "add_round_acc",
            "round_acc", "max_finite", "BACKENDS"]
@@ -418,21 +418,13 @@ def _combine(tot: torch.Tensor, comb: torch.Tensor, outer_mode: Mode,
              reduce: SplitReduce = SplitReduce.SERIAL) -> torch.Tensor:
     """Lanes' results [R, L] -> [R]: per slice its groups in order (the first as is, then
     cross-group adds in ``outer_mode``), then the slices combined RNE per ``reduce``
-    (``Schedule.combine``): in order, or the halving tree."""
+    (``Schedule.combine``, ``reduce_levels``)."""
     outer = tot[:, comb[:, 0]]                        # [R, slices]
     for j in range(1, comb.shape[1]):
         lane = comb[:, j]
         new = add_round_acc(outer, tot[:, lane.clamp(min=0)], outer_mode)
         outer = torch.where(lane >= 0, new, outer)
-    if reduce is SplitReduce.TREE:
-        n = outer.shape[1]
-        while n > 1:
-            h = (n + 1) // 2
-            outer = torch.cat([add_round_acc(outer[:, :n - h], outer[:, h:n], Mode.RNE),
-                               outer[:, n - h:h]], 1)
-            n = h
-        return outer[:, 0]
-    total = outer[:, 0]
-    for s in range(1, outer.shape[1]):
-        total = add_round_acc(total, outer[:, s], Mode.RNE)
-    return total
+    for level in reduce_levels(reduce, outer.shape[1]):  # each level's adds at once
+        d, q = (torch.tensor(x, device=outer.device) for x in zip(*level))
+        outer = outer.index_copy(1, d, add_round_acc(outer[:, d], outer[:, q], Mode.RNE))
+    return outer[:, 0]

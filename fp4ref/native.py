@@ -22,7 +22,9 @@ from typing import Callable
 from reference.gemm import GemmModel
 from reference.notation import from_dict, short, to_dict
 
-__all__ = ["interleaved", "chunked", "KWIDTH4_ORDER", "gather_k", "KLayout", "residue_first", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
+__all__ = ["interleaved", "chunked", "KWIDTH4_ORDER", "gather_k", "KLayout", "residue_first", "segment_k_raster",
+           "segment_k_split", "segmented",
+           "TileSchedule", "tile_select", "emulate_schedule", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
            "emulate_native", "register_shape_prober", "shape_prober", "alpha_factors", "cublaslt_library",
            "DEFAULT_TABLE"]
 
@@ -112,7 +114,8 @@ class KLayout:
     CUTLASS 2.x), with ``interleave`` tiles dealt round robin (``interleaved``: cuBLAS
     sm80_xmma FFMA), or with ``chunk`` (the order within each k_tile = len(chunk) products)
     one slice read chunk by chunk, zero-filled at the end (``chunked``: Triton's MMAv2
-    operand layout).  ``pad(a, b)`` gives the operands the schedule's model runs on (zero
+    operand layout), or with ``segments`` cut into ``split_k`` runs of whole k-tiles, the
+    longer ones last (``segmented``: cuBLAS sm_90 segment-K).  ``pad(a, b)`` gives the operands the schedule's model runs on (zero
     products are neutral in every fused step, and the hardware multiplies the same zero
     fill, -0 sums included)."""
     k_tile: int
@@ -120,9 +123,13 @@ class KLayout:
     split_align: int = 1
     interleave: bool = False
     chunk: tuple = ()
+    segments: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "chunk", tuple(int(x) for x in self.chunk))
+        if self.segments and (self.chunk or self.interleave):
+            raise ValueError("KLayout.segments: invalid value True with chunk or interleave; valid choices: "
+                             "segments alone")
         if self.chunk and (sorted(self.chunk) != list(range(self.k_tile)) or self.split_k != 1 or self.interleave):
             raise ValueError(f"KLayout.chunk: invalid value {self.chunk!r}; valid choices: a permutation of "
                              f"range(k_tile={self.k_tile}), with split_k 1 and no interleave")
@@ -133,6 +140,8 @@ class KLayout:
             return chunked(K, self.chunk)
         if self.interleave:
             return interleaved(K, self.k_tile, self.split_k)
+        if self.segments:
+            return segmented(K, self.k_tile, self.split_k)
         return residue_first(K, self.k_tile, self.split_k, self.split_align)
 
     def pad(self, a, b):
@@ -156,7 +165,107 @@ class KLayout:
             d["interleave"] = True
         if self.chunk:
             d["chunk"] = list(self.chunk)
+        if self.segments:
+            d["segments"] = True
         return d
+
+
+def segment_k_raster(tiles_m: int, tiles_n: int) -> "np.ndarray":
+    """int [tiles_m, tiles_n]: the launch order of a cuBLAS sm_90 segment-K kernel's output
+    tiles (m', n' in cuBLAS's column-major C^T): pairs of m' (pair g = m' // 2, the last one
+    tile wide when tiles_m is odd), n' rising for even g and falling for odd g."""
+    import numpy as np
+    m = np.arange(tiles_m)[:, None]
+    n = np.arange(tiles_n)[None, :]
+    g = m // 2
+    width = np.minimum(2, tiles_m - 2 * g)
+    along = np.where(g % 2 == 0, n, tiles_n - 1 - n)
+    return g * 2 * tiles_n + along * width + (m % 2)
+
+
+def segment_k_split(tiles_m: int, tiles_n: int, sms: int) -> tuple:
+    """(bool [tiles_m, tiles_n], s): the tiles a cuBLAS sm_90 segment-K kernel cuts into s K
+    segments, so that its last partial wave fills the SMs (H200 dumps, 132 SMs,
+    scripts/fit_segment_k.py: 12963 of 12963 outputs but one shape).  T = tiles_m * tiles_n:
+    2 T <= sms: every tile, s = sms // T; T <= sms: the last tile in launch order, s = (sms - T)
+    // 4 (seen once: T = 72, s = 15); T > sms: the last r = T mod sms tiles, s = sms // r, when
+    2 r <= sms.  Not this rule: 2500x1900x9000 (T = 150, r = 18 ran 24 tiles in 4)."""
+    import numpy as np
+    T = tiles_m * tiles_n
+    order = segment_k_raster(tiles_m, tiles_n)
+    if 2 * T <= sms:
+        return np.ones((tiles_m, tiles_n), dtype=bool), sms // T
+    if T <= sms:
+        return order == T - 1, max(1, (sms - T) // 4)
+    r = T % sms
+    if r == 0 or 2 * r > sms:
+        return np.zeros((tiles_m, tiles_n), dtype=bool), 1
+    return order >= T - r, sms // r
+
+
+def segmented(K: int, block: int, s: int) -> tuple:
+    """(index, [length] * s): K in ceil(K / block) blocks cut into s segments of whole blocks,
+    the last n mod s segments one block longer; each shorter segment zero-filled at its end to
+    the longer length, so that the family's split (split_tile = that length) reproduces them."""
+    import numpy as np
+    n = -(-K // block)
+    if not 1 <= s <= max(n, 1):
+        raise ValueError(f"s: invalid value {s!r}; valid choices: 1 .. {max(n, 1)} segments of {block}")
+    base, rem = divmod(n, s)
+    units = np.cumsum([0] + [base] * (s - rem) + [base + 1] * rem)
+    L = (base + (rem > 0)) * block
+    parts = []
+    for j in range(s):
+        lo, hi = int(units[j]) * block, min(int(units[j + 1]) * block, K)
+        parts.append(np.arange(lo, hi, dtype=np.int64))
+        if j < s - 1:
+            parts.append(np.full(L - (hi - lo), -1, dtype=np.int64))
+    return np.concatenate(parts), [L] * (s - 1) + [K - int(units[s - 1]) * block]
+
+
+@dataclass(frozen=True)
+class TileSchedule:
+    """Output tiles that run another schedule than the shape's: a cuBLAS sm_90 segment-K
+    kernel (tiles of ``tile_cols`` torch columns x ``tile_rows`` torch rows: cuBLAS computes
+    the column-major C^T) cuts some tiles' K into segments of ``block`` (``segment_k_split``
+    over ``sms`` SMs), each segment reduced as ``model`` and their results added pairwise."""
+    tile_rows: int
+    tile_cols: int
+    sms: int
+    block: int
+    model: GemmModel
+
+    def __post_init__(self):
+        for name in ("tile_rows", "tile_cols", "sms", "block"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TileSchedule.{name}: invalid value {v!r}; valid choices: an int >= 1")
+        if not isinstance(self.model, GemmModel):
+            raise TypeError(f"TileSchedule.model: expected a reference.gemm.GemmModel, got {type(self.model).__name__}")
+
+    def split(self, M: int, N: int, K: int) -> tuple:
+        """(bool [ceil(M / tile_rows), ceil(N / tile_cols)] over torch's tile grid, s)."""
+        tail, s = segment_k_split(-(-N // self.tile_cols), -(-M // self.tile_rows), self.sms)
+        s = min(s, max(1, -(-K // self.block)))
+        return tail.T, s
+
+    def alt(self, K: int, s: int) -> tuple:
+        """(KLayout or None, model) of a tile cut into s segments at length K."""
+        from reference.schedule import SplitReduce
+        if s == 1:
+            return None, self.model
+        lay = KLayout(self.block, s, 1, segments=True)
+        return lay, lay.model(self.model, K).replace(split_reduce=SplitReduce.PAIRWISE)
+
+    def to_dict(self) -> dict:
+        return {"tile_rows": self.tile_rows, "tile_cols": self.tile_cols, "sms": self.sms,
+                "block": self.block, "model": short(self.model)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TileSchedule":
+        from reference.notation import parse_short
+        return cls(int(d["tile_rows"]), int(d["tile_cols"]), int(d["sms"]), int(d["block"]),
+                   parse_short(d["model"]))
 
 
 @dataclass(frozen=True)
@@ -178,6 +287,7 @@ class ShapeSchedule:
     env: dict = field(default_factory=dict, compare=False, hash=False)
     layout: KLayout | None = None   # None: the model runs on the operands as given
     predicted_split: int | None = None  # the library heuristic's split-K count, where read
+    tiles: TileSchedule | None = None   # output tiles that run another model (segment-K)
 
     def __post_init__(self):
         object.__setattr__(self, "shape", _shape(self.shape))
@@ -199,7 +309,8 @@ class ShapeSchedule:
                 "matches": int(self.matches), "wall_s": round(float(self.wall_s), 4),
                 "block": self.block, "env": dict(self.env),
                 "layout": None if self.layout is None else self.layout.to_dict(),
-                "predicted_split": self.predicted_split}
+                "predicted_split": self.predicted_split,
+                **({} if self.tiles is None else {"tiles": self.tiles.to_dict()})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShapeSchedule":
@@ -207,7 +318,7 @@ class ShapeSchedule:
                    d.get("family", ""), d.get("source", "probe"), int(d.get("checked_outputs", 0)),
                    int(d.get("matches", 0)), float(d.get("wall_s", 0.0)), d.get("block"),
                    dict(d.get("env") or {}), KLayout(**d["layout"]) if d.get("layout") else None,
-                   d.get("predicted_split"))
+                   d.get("predicted_split"), TileSchedule.from_dict(d["tiles"]) if d.get("tiles") else None)
 
     def replace(self, **kw) -> "ShapeSchedule":
         from dataclasses import replace
@@ -404,7 +515,6 @@ def emulate_native(device, a, b, *, scales_a=None, scales_b=None, alpha=None, ta
     an object with ``.name`` (then an unknown shape is probed on it and recorded).
     ``alpha``: None or (sa, sb), scalars or [M] / [N] vectors.  Returns float32 [M, N]."""
     import torch
-    from .gemm import emulate
     name = device if isinstance(device, str) else getattr(device, "name", None)
     if not isinstance(name, str):
         raise TypeError(f"device: expected a device name or an object with .name, got {type(device).__name__}")
@@ -426,12 +536,46 @@ def emulate_native(device, a, b, *, scales_a=None, scales_b=None, alpha=None, ta
         raise ValueError(f"shape {shape}: the schedule recorded for {name} ({short(entry.model)}) matched "
                          f"{entry.matches} of {entry.checked_outputs} checked outputs, so it is not "
                          f"bit-exact there (kernels: {', '.join(entry.kernels) or 'unknown'})")
+    return emulate_schedule(entry, a, b, scales_a=scales_a, scales_b=scales_b, alpha=alpha)
+
+
+def emulate_schedule(entry: ShapeSchedule, a, b, *, scales_a=None, scales_b=None, alpha=None,
+                     rows=None, cols=None):
+    """fp4ref.gemm.emulate of one schedule: its K order (layout) applied to the operands, its
+    model, and per output tile its tile schedule's other model.  ``a``, ``b``: the whole
+    operands, or with ``rows`` / ``cols`` (indices into entry.shape's M and N) the rows of A
+    and columns of B of those outputs only (alpha already restricted to them)."""
+    import torch
+    from .gemm import emulate
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
     sa = None if scales_a is None else torch.as_tensor(scales_a)
     sb = None if scales_b is None else torch.as_tensor(scales_b)
-    if entry.layout is not None:
-        if sa is not None or sb is not None:
-            raise ValueError(f"scales_a, scales_b: the schedule of {name} at {shape} reorders K "
-                             f"(k-tiles of {entry.layout.k_tile}); block scales are not supported there")
-        a, b = entry.layout.pad(a, b)
-    return emulate(entry.model, a, b, scales_a=sa, scales_b=sb,
-                   block=entry.block if sa is not None else None, alpha=alpha_factors(alpha))
+    if (entry.layout is not None or entry.tiles is not None) and (sa is not None or sb is not None):
+        raise ValueError(f"scales_a, scales_b: the schedule of {entry.device} at {entry.shape} reorders K "
+                         "or cuts it per output tile; block scales are not supported there")
+    kw = dict(scales_a=sa, scales_b=sb, block=entry.block if sa is not None else None, alpha=alpha_factors(alpha))
+
+    def run(layout, model):
+        x, y = (a, b) if layout is None else layout.pad(a, b)
+        return emulate(model, x, y, **kw)
+    out = run(entry.layout, entry.model)
+    return out if entry.tiles is None else tile_select(entry.tiles, out, run, entry.shape, rows, cols)
+
+
+def tile_select(tiles: TileSchedule, out, run, shape, rows=None, cols=None):
+    """``out`` (torch or numpy: the ``rows`` x ``cols`` outputs of an M x N x K ``shape``;
+    all of them by default) with the outputs of ``tiles``' other tiles taken from
+    ``run(layout, model)`` of their schedule (run only when such a tile is there)."""
+    import numpy as np
+    M, N, K = shape
+    tail, s = tiles.split(M, N, K)
+    r = np.arange(M) if rows is None else np.asarray(rows, dtype=np.int64)
+    c = np.arange(N) if cols is None else np.asarray(cols, dtype=np.int64)
+    mask = tail[(r // tiles.tile_rows)[:, None], (c // tiles.tile_cols)[None, :]]
+    if not mask.any():
+        return out
+    alt = run(*tiles.alt(K, s))
+    if isinstance(out, np.ndarray):
+        return np.where(mask, alt, out)
+    import torch
+    return torch.where(torch.as_tensor(mask, device=out.device), alt, out)

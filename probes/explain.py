@@ -17,6 +17,7 @@ Importing this module registers ``probe_shape`` as fp4ref.native's shape prober,
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -206,16 +207,24 @@ def _same(x, y) -> int:
     return int(eq.sum())
 
 
-def layout_candidates(device_name: str, kernels, K: int, output: str, predicted: int | None = None) -> list:
-    """(model, KLayout or None) pairs of the kernel rows (probes.kernels) for ``kernels``:
-    every schedule each row's kernel may run at length K (``row_layouts``); [] without rows.
-    Rows that keep K in order give (model, None): their slices rounded as the row says."""
+def layout_candidates(device_name: str, kernels, K: int, output: str, predicted: int | None = None,
+                      sms: int | None = None) -> list:
+    """(model, KLayout or None[, TileSchedule]) candidates of the kernel rows (probes.kernels)
+    for ``kernels``: every schedule each row's kernel may run at length K (``row_layouts``),
+    led by the row's per-tile schedule where it has one (``row_tiles``; ``sms``: the device's
+    SM count); [] without rows.  Rows that keep K in order give (model, None)."""
     try:
-        from .kernels import kernel_models, row_layouts
+        from .kernels import kernel_models, row_layouts, row_tiles
     except ImportError:
         return []
-    return [(model.replace(output=output), lay) for row in kernel_models(device_name, list(kernels))
-            for lay, model in row_layouts(row, K, predicted)]
+    out = []
+    for row in kernel_models(device_name, list(kernels)):
+        tiles = row_tiles(row, kernels, K, sms)
+        if tiles is not None:
+            out.append((row.gemm_model.replace(output=output), None,
+                        dataclasses.replace(tiles, model=tiles.model.replace(output=output))))
+        out += [(model.replace(output=output), lay) for lay, model in row_layouts(row, K, predicted)]
+    return out
 
 
 def predicted_first(cands: list, split: int | None) -> list:
@@ -225,9 +234,8 @@ def predicted_first(cands: list, split: int | None) -> list:
         return cands
 
     def slices(c):  # the count the library launches with: a layout's, before empty slices drop
-        if isinstance(c, tuple):
-            return c[1].split_k if c[1] is not None else c[0].split_k or 1
-        return c.split_k or 1
+        m, lay, _ = _parts(c)
+        return lay.split_k if lay is not None else m.split_k or 1
     return sorted(cands, key=lambda c: slices(c) != split)
 
 
@@ -245,25 +253,46 @@ def _padded(b: Batch, lay) -> Batch:
     return Batch(a2, b2, b.scales_a, b.scales_b, b.alpha, None, b.kind)
 
 
-def _search(cands: list, sub: Batch, want, caps, t_end: float) -> tuple:
-    """(model, layout, matches): the first candidate (a model, or a (model, KLayout) pair)
-    that passes both simulator screens and the emulated confirmation on every sampled
-    output; else the best confirmed one; else (None, None, -1).  Stops at ``t_end``."""
-    screens = [(sub.sub(slice(0, w), slice(0, w)), output_bits(_np(want[:w, :w]), caps.output))
+def _parts(c) -> tuple:
+    """(model, KLayout or None, TileSchedule or None) of a candidate."""
+    if not isinstance(c, tuple):
+        return c, None, None
+    return (*c, None)[:3]
+
+
+def _predict(c, x: Batch, rows, cols, shape, block, run):
+    """A candidate's outputs at ``x`` (the batch's rows x cols of an M x N x K result):
+    ``run`` (the simulator or the emulator) on the candidate's padded operands, with a tile
+    schedule's other outputs from its other model."""
+    m, lay, tiles = _parts(c)
+    xp = _padded(x, lay)
+    out = run(m, xp, block)
+    if tiles is None:
+        return out
+    from fp4ref.native import tile_select
+    return tile_select(tiles, out, lambda lay2, m2: run(m2, _padded(x, lay2), block), shape,
+                       _np(rows).astype(np.int64), _np(cols).astype(np.int64))
+
+
+def _search(cands: list, sub: Batch, want, caps, t_end: float, rows, cols, shape) -> tuple:
+    """(candidate, matches): the first candidate (a model, or a (model, KLayout[,
+    TileSchedule]) tuple) that passes both simulator screens and the emulated confirmation
+    on every sampled output (``rows`` x ``cols`` of ``shape``); else the best confirmed one;
+    else (None, -1).  Stops at ``t_end``."""
+    screens = [(sub.sub(slice(0, w), slice(0, w)), output_bits(_np(want[:w, :w]), caps.output), rows[:w], cols[:w])
                for w in SCREEN]
-    best, best_lay, best_n = None, None, -1
+    best, best_n = None, -1
     for c in cands:
-        m, lay = c if isinstance(c, tuple) else (c, None)
         if time.perf_counter() > t_end:
             break
-        if not all(np.array_equal(_simulate(m, _padded(x, lay), caps.block), k) for x, k in screens):
+        if not all(np.array_equal(_predict(c, x, r, q, shape, caps.block, _simulate), k) for x, k, r, q in screens):
             continue
-        n = _same(_emulate(m, _padded(sub, lay), caps.block), want)
+        n = _same(_predict(c, sub, rows, cols, shape, caps.block, _emulate), want)
         if n > best_n:
-            best, best_lay, best_n = m, lay, n
+            best, best_n = c, n
         if n == want.numel():
             break
-    return best, best_lay, best_n
+    return best, best_n
 
 
 def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleTable | None = None,
@@ -318,19 +347,24 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
         zero = None
     cands = rank_by_probe(cands, K, zero)
     predicted = heuristic_split(dev.name, shape)
+    env = environment_key(dev.name)
     if dev.caps.block is None:  # the kernel rows' K orders come first: the most specific answer
-        cands = layout_candidates(dev.name, kernels, K, out_fmt, predicted) + cands
+        cands = layout_candidates(dev.name, kernels, K, out_fmt, predicted, env.get("sm_count")) + cands
     cands = predicted_first(cands, predicted)
     r, c = _sample(M, N, outputs, g, batch.a.device)
     sub, want = batch.sub(r, c), got[r][:, c]
-    best, lay, best_n = _search(cands, sub, want, dev.caps, t0 + budget_s)
+    best, best_n = _search(cands, sub, want, dev.caps, t0 + budget_s, r, c, shape)
     if best is None:  # nothing passed the screens: report how well the first candidate does
-        first = cands[0] if cands else bases[0].replace(split_k=1, split_tile=None)
-        best, lay = first if isinstance(first, tuple) else (first, None)
-        best_n = _same(_emulate(best, _padded(sub, lay), dev.caps.block), want)
-    entry = ShapeSchedule(dev.name, shape, best, tuple(kernels), family, "probe", int(want.numel()),
-                          best_n, time.perf_counter() - t0, dev.caps.block, environment_key(dev.name),
-                          layout=lay, predicted_split=predicted)
+        best = cands[0] if cands else bases[0].replace(split_k=1, split_tile=None)
+        best_n = _same(_predict(best, sub, r, c, shape, dev.caps.block, _emulate), want)
+    model, lay, tiles = _parts(best)
+    if tiles is not None:
+        tail, segs = tiles.split(M, N, K)
+        if segs == 1 or not tail.any():
+            tiles = None  # no tile of this shape runs in segments
+    entry = ShapeSchedule(dev.name, shape, model, tuple(kernels), family, "probe", int(want.numel()),
+                          best_n, time.perf_counter() - t0, dev.caps.block, env,
+                          layout=lay, predicted_split=predicted, tiles=tiles)
     if table is not None:
         table.add(entry)
     return entry

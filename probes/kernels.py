@@ -43,7 +43,8 @@ from reference.schedule import split_bounds
 from fp4ref.native import KWIDTH4_ORDER, KLayout, gather_k
 
 __all__ = ["KernelModel", "KERNEL_MODELS", "device_model", "kernel_models", "models_for_kernels", "kernel_family",
-           "kernel_klayout", "kernel_layout", "kernel_operands", "lane_chunks", "row_layouts", "slice_align",
+           "kernel_klayout", "kernel_layout", "kernel_operands", "lane_chunks", "row_layouts", "row_tiles",
+           "slice_align",
            "split_counts"]
 
 _TC = "F=8 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"    # mma.sync m16n8k8 (bf16/f16/tf32)
@@ -60,9 +61,10 @@ class KernelModel:
     ``k_tile`` products (None: the family's step layout is the kernel's); with
     ``split_interleave`` the slices take tiles of that many products round robin; with
     ``k_order`` K is read in chunks of len(k_order) products in that order (no split); with
-    ``lanes`` the kernel keeps that many partial sums (a warp's threads), dealt chunks of a
-    per-shape width round robin (``lane_chunks``) and combined as the model's split_reduce
-    says (cuBLAS gemv: a halving tree)."""
+    ``lanes`` the kernel keeps up to that many partial sums (a warp's threads), dealt chunks
+    of a per-shape width round robin (``lane_chunks``: lanes and width per shape) and combined
+    as the model's split_reduce says (cuBLAS gemv: a halving tree); ``segment_k``: the kernel's ``_on`` variant runs some
+    output tiles in two K segments (``row_tiles``)."""
     pattern: str
     devices: tuple[str, ...]
     model: str
@@ -73,6 +75,7 @@ class KernelModel:
     split_interleave: int | None = None
     k_order: tuple = ()
     lanes: int | None = None
+    segment_k: bool = False
 
     def __post_init__(self):
         re.compile(self.pattern)  # a bad regex fails at import, not at lookup
@@ -173,9 +176,12 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "two (split=2/T32: the first ceil(K/2) rounded up to 32); no promotion (G=-, unlike the sm_90 "
         "device model's G=64). 64x256x32 at 1945x568x13960 (all 32 sampled outputs unsplit) and "
         "273x1608x12664 (all split, 6336 + 6328); 128x256x32 at 2223x2468x9324 (n-tiles 0, 3 and "
-        "m-tile 13 x n-tile 7 unsplit: 17; the other 15 split 4672 + 4652). Which tiles are split "
-        "is per launch, so the caller tries S = 1 and 2. Misses: G=64 32/32 per dump",
-        k_tile=None, split_align=32),
+        "m-tile 13 x n-tile 7 unsplit: 17; the other 15 split 4672 + 4652). Misses: G=64 32/32 per "
+        "dump. Which tiles run two segments is a rule of the shape (fp4ref.native.segment_k_tail: the "
+        "last partial wave when it fills at most half the SMs), not of the launch: session 15 dumps, "
+        "one output per 64 x 64 tile, three launches identical, 1798/1800 outputs "
+        "(scripts/fit_segment_k.py)",
+        k_tile=None, split_align=32, segment_k=True),
     KernelModel(
         r"^mm_fp8", ("triton-dot-e4m3-imprecise-0",), _TC16,
         "Triton 3.6 tl.dot e4m3 with max_num_imprecise_acc=0 (probes.backends.triton_fp8, kernel "
@@ -187,6 +193,19 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "alignment and RNE normalization. The zero-filled tail at K % 32 != 0 (masked loads) is "
         "not yet checked on hardware",
         k_order=KWIDTH4_ORDER),
+    KernelModel(
+        r"internal::gemvx::kernel<int, int, float, float, float, float,", ("cuda-cublas-fp32",),
+        "F=1 align=exact acc=23:RNE G=- split=1:tree out=float32:RNE",
+        "cuBLAS fp32 gemv (torch.mm with N = 1 or M = 1): 32 lanes, K dealt round robin in chunks of "
+        "g products (partial chunk last), each lane one FP32 FMA chain from +0, the 32 lane sums "
+        "added by a halving tree (16, 8, 4, 2, 1; FP32 RNE). Session 15 H200 dumps, 16 outputs "
+        "each: 3654x1x15364, 1000x1x4000, 2048x1x8192, 1x77x9000 (g = 1), 517x1x333 (g = 11 = "
+        "ceil(K / 32)), 1x1500x3000 (g = 64): 96/96, every other g <= 5/16 (scripts/fit_gemv.py); "
+        "lanes summed in order 2..6/16, the tree from offset 1 up 4..7/16, the sequential FMA chain "
+        "0..3/16. Sweep of 320 shapes (K 32..9000, 16..8192 outputs, N = 1 and M = 1): 242 ran "
+        "gemvx, 222 in one pass; 221 fit with 2..32 lanes (3 outputs each). Not this row: gemvx + "
+        "splitKreduce (M = 1, long K: 20 shapes), dot_kernel, gemv2T/gemv2N, gemvNSP (78 shapes)",
+        lanes=32),
     # Hypotheses: the same instruction and mainloop at tile sizes / layouts not yet seen.
     KernelModel(r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_", _HALF, _TC,
                 "unconfirmed: other tiles/layouts of the confirmed cutlass_75 s1688 row",
@@ -308,15 +327,24 @@ def split_counts(row: KernelModel, K: int, max_split: int = 64) -> list[int]:
     return out
 
 
-def lane_chunks(row: KernelModel, K: int) -> list[int]:
-    """The chunk widths a ``lanes`` row may deal K in at length K, each distinct dealing
-    once: powers of two up to 64 and ceil(K / lanes) (one block per lane).  H200 gemv dumps
-    (scripts/fit_gemv.py): 1 at K = 4000 .. 15364, 11 at K = 333, 64 at K = 3000 (M = 1)."""
+def lane_chunks(row: KernelModel, K: int) -> list[tuple[int, int]]:
+    """(lanes, chunk width) pairs a ``lanes`` row may deal K in at length K, the common ones
+    first: up to ``row.lanes`` lanes (powers of two down to 2), chunks of powers of two up to
+    64 or ceil(K / lanes) (one block per lane).  H200 gemv sweep (scripts/fit_gemv.py, 221 of
+    222 single-pass shapes): 32 lanes with chunks of 1 at long K, one block per lane at K <=
+    512, 64 at M = 1; 16, 8, 4 lanes when many outputs fill the SMs; 2 lanes of contiguous
+    halves (chunks up to 64) at short K with M = 1.  The cuBLAS rule choosing among them is
+    fitted there, not here: explain tries these in order and the outputs decide."""
     K = _check_int("K", K, 0)
     if not row.lanes:
         return []
-    whole = max(1, -(-K // row.lanes))
-    return sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g < whole} | {whole})
+    out = []
+    for L in [row.lanes >> i for i in range(row.lanes.bit_length()) if row.lanes >> i >= 2]:
+        whole = max(1, -(-K // L))
+        out += [(L, g) for g in sorted({g for g in (1, 2, 4, 8, 16, 32, 64) if g < whole} | {whole})]
+    first = [(row.lanes, 1), (row.lanes, max(1, -(-K // row.lanes))), (row.lanes // 2, 1),
+             (2, min(max(1, -(-K // 2)), 64))]
+    return list(dict.fromkeys([p for p in first if p in out] + out))
 
 
 def row_layouts(row: KernelModel, K: int, predicted: int | None = None) -> list[tuple]:
@@ -325,7 +353,7 @@ def row_layouts(row: KernelModel, K: int, predicted: int | None = None) -> list[
     where it is beyond them: cuBLAS was seen cutting K = 12504 into 75 slices), or per chunk
     width of a ``lanes`` row.  None: K in order, the model's slices as the row rounds them."""
     if row.lanes:
-        lays = [KLayout(g, row.lanes, 1, interleave=True) for g in lane_chunks(row, K)]
+        lays = [KLayout(g, L, 1, interleave=True) for L, g in lane_chunks(row, K)]
         return [(lay, lay.model(row.gemm_model, K)) for lay in lays]
     counts = split_counts(row, K)
     if predicted and predicted not in counts and predicted <= K:
@@ -335,6 +363,23 @@ def row_layouts(row: KernelModel, K: int, predicted: int | None = None) -> list[
         lay = kernel_klayout(row, S, K)
         out.append((lay, kernel_layout(row, K, S)[1] if lay is None else lay.model(row.gemm_model, K)))
     return out
+
+
+_TILESIZE = re.compile(r"tilesize(\d+)x(\d+)x\d+")
+
+
+def row_tiles(row: KernelModel, kernels, K: int, sms: int | None):
+    """The TileSchedule of a ``segment_k`` row's ``_on`` kernel among ``kernels`` (tiles of
+    TM x TN from its name, segments of whole ``split_align`` blocks: fp4ref.native's
+    segment_k_split), or None (no such kernel, or the SM count unknown)."""
+    from fp4ref.native import TileSchedule
+    if not row.segment_k or not sms:
+        return None
+    for k in _names(kernels):
+        m = _TILESIZE.search(k)
+        if m and "segment_k_on" in k and re.search(row.pattern, k):
+            return TileSchedule(int(m.group(2)), int(m.group(1)), int(sms), row.split_align or 1, row.gemm_model)
+    return None
 
 
 def _check_int(name: str, v, lo: int) -> int:
@@ -369,8 +414,8 @@ def kernel_klayout(row: KernelModel, split_k: int = 1, K: int | None = None, *, 
     are rounded to it (``slice_align``)."""
     if row.k_order:
         return KLayout(len(row.k_order), 1, 1, chunk=row.k_order)
-    if row.lanes:
-        return KLayout(_check_int("chunk", chunk, 1), row.lanes, 1, interleave=True)
+    if row.lanes:  # split_k: the lanes (row.lanes when 1)
+        return KLayout(_check_int("chunk", chunk, 1), split_k if split_k > 1 else row.lanes, 1, interleave=True)
     if row.split_interleave:
         return KLayout(row.split_interleave, split_k, 1, interleave=True)
     if not row.k_tile:

@@ -50,7 +50,8 @@ def precheck_shapes(dev, model, shapes=None, *, seed=0, split_search_s=SPLIT_SEA
 
 
 def explain_shapes(dev, model, shapes, *, seed=0, deadline=None) -> tuple[dict, list]:
-    """({shape: (model, KLayout or None)} for the shapes explain_shape reproduces bit for bit
+    """({shape: (model, KLayout or None, TileSchedule or None)} for the shapes explain_shape
+    reproduces bit for bit
     at that exact shape, [the others]).  Only devices that name their kernels: the kernel
     table's rows are what explain adds to the split search.  ``deadline``: a time.time()
     after which no shape is explained."""
@@ -67,15 +68,16 @@ def explain_shapes(dev, model, shapes, *, seed=0, deadline=None) -> tuple[dict, 
             rest.append(shp)
             continue
         if e.exact:
-            got[tuple(shp)] = (e.model, e.layout)
+            got[tuple(shp)] = (e.model, e.layout, e.tiles)
         else:
             rest.append(shp)
     return got, rest
 
 
-def _schedule_text(model, layout) -> str:
+def _schedule_text(model, layout, tiles) -> str:
     from reference.notation import short
-    return short(model) + ("" if layout is None else f" K order {layout.to_dict()}")
+    return (short(model) + ("" if layout is None else f" K order {layout.to_dict()}")
+            + ("" if tiles is None else f" tiles {tiles.to_dict()}"))
 
 
 def pick_survivor(dev, survivors, *, seed=0, limit=16):

@@ -111,19 +111,15 @@ def compare_bits(native, emulated):
     return (nb == eb) | (torch.isnan(native) & torch.isnan(emulated))
 
 
-def _emulate_sampled(model, batch, rows, cols, block, layout=None):
-    """fp4ref.gemm.emulate of the rows x cols block of outputs, on the batch's device
-    (``layout``: the schedule's K order, fp4ref.native.KLayout, applied first)."""
+def _emulate_sampled(sched, batch, rows, cols):
+    """The schedule's emulation (fp4ref.native.emulate_schedule: K order, model, tiles) of
+    the rows x cols block of outputs, on the batch's device."""
     import torch
-    from fp4ref.gemm import emulate
-    from fp4ref.native import alpha_factors
+    from fp4ref.native import emulate_schedule
     dev = batch.a.device
     sub = batch.sub(torch.as_tensor(rows, device=dev), torch.as_tensor(cols, device=dev))
-    a, b = sub.a, sub.b
-    if layout is not None:
-        a, b = layout.pad(a, b)
-    return emulate(model, a, b, scales_a=sub.scales_a, scales_b=sub.scales_b, block=block,
-                   alpha=alpha_factors(sub.alpha))
+    return emulate_schedule(sched, sub.a, sub.b, scales_a=sub.scales_a, scales_b=sub.scales_b,
+                            alpha=sub.alpha, rows=rows, cols=cols)
 
 
 def _first_mismatch(eq, native, emulated, rows, cols, fmt) -> dict | None:
@@ -152,7 +148,7 @@ def _one_shape(dev, shape, base_model, table, seed, outputs, explain) -> dict:
     sched = explain(dev, tuple(shape), base_model=base_model, table=table, seed=seed + 1)
     kernels = list(sched.kernels) or dev.kernels(batch)
     rows, cols = sample_grid(M, N, outputs, np.random.default_rng(seed + 2))
-    emulated = _emulate_sampled(sched.model, batch, rows, cols, dev.caps.block, sched.layout).cpu()
+    emulated = _emulate_sampled(sched, batch, rows, cols).cpu()
     sub = native.to(torch.float32)[torch.as_tensor(rows, device=native.device)][
         :, torch.as_tensor(cols, device=native.device)].cpu()
     eq = compare_bits(sub, emulated)
@@ -160,6 +156,7 @@ def _one_shape(dev, shape, base_model, table, seed, outputs, explain) -> dict:
             "model": short(sched.model), "source": sched.source, "explained": int(sched.matches),
             "explain_outputs": int(sched.checked_outputs), "explain_s": round(float(sched.wall_s), 3),
             "layout": None if sched.layout is None else sched.layout.to_dict(),
+            **({} if sched.tiles is None else {"tiles": sched.tiles.to_dict()}),
             "predicted_split": sched.predicted_split,
             "outputs": int(eq.numel()), "matches": int(eq.sum()),
             "first_mismatch": _first_mismatch(eq, sub, emulated, rows, cols, dev.caps.output),

@@ -28,7 +28,7 @@ from reference.exact import Exact, Kind
 from reference.formats import get_format
 from reference import gemm as rg
 from reference.rounding import Mode, Subnormal
-from reference.schedule import Operand, ScaleAt, Schedule, SplitReduce
+from reference.schedule import Operand, ScaleAt, Schedule, SplitReduce, reduce_levels
 from fp4ref.gridround import (MODE_CODE, GridFormat, bit_length, round_int, shift_round,
                               trailing_zeros)
 
@@ -740,29 +740,27 @@ def _run_uniform(F, K, offset, plans, rows, prods, scale_prod, fallback, pe, ref
 
 
 def _is_tree(plan: Schedule) -> bool:
-    """The plan combines its slices by the halving tree (two slices: the one add either way)."""
-    return plan.split_reduce is SplitReduce.TREE and len(plan.slices) > 2
+    """A plan whose slices are not added in order (SplitReduce TREE / PAIRWISE; two slices
+    are one add either way)."""
+    return plan.split_reduce is not SplitReduce.SERIAL and len(plan.slices) > 2
 
 
 def _tree(total, parts, tree_u, pidx, uplans, rne) -> None:
-    """total[r] = the halving tree (``Schedule.combine``) over parts[0..n)[r] of the rows r of
-    a TREE plan of n slices: while n > 1, h = ceil(n / 2), parts[i] += parts[i + h] for
-    i < n - h (FP32 RNE), n = h."""
-    ns = np.array([len(p.slices) for p in uplans])[pidx]
-    for n0 in np.unique(ns[tree_u[pidx]]):
-        ri = np.nonzero(tree_u[pidx] & (ns == n0))[0]
-        v = [tuple(x[ri] for x in part) for part in parts[:n0]]
-        n = int(n0)
+    """total[r] = parts[0..n)[r] combined per the plan's split_reduce (``reduce_levels``,
+    ``Schedule.combine``) for the rows r of the plans ``tree_u`` marks: each level's adds as
+    one batch (FP32 RNE)."""
+    keys = [(len(p.slices), p.split_reduce) for p in uplans]
+    for key in sorted({keys[u] for u in np.unique(pidx) if tree_u[u]}, key=lambda k: (k[0], k[1].value)):
+        ri = np.nonzero(tree_u[pidx] & np.array([keys[u] == key for u in pidx], bool))[0]
+        v = [tuple(x[ri] for x in part) for part in parts[:key[0]]]
         m = len(ri)
-        while n > 1:  # one level's adds as one batch of (n - h) * m rows
-            h = (n + 1) // 2
-            x = tuple(np.concatenate([v[i][c] for i in range(n - h)]) for c in range(4))
-            y = tuple(np.concatenate([v[i + h][c] for i in range(n - h)]) for c in range(4))
-            mode = np.tile(rne[ri], n - h)
-            s = _add_round(x, y, _FP32, mode, mode)
-            for i in range(n - h):
-                v[i] = tuple(c[i * m:(i + 1) * m] for c in s)
-            n = h
+        for level in reduce_levels(key[1], key[0]):
+            x = tuple(np.concatenate([v[d][c] for d, _ in level]) for c in range(4))
+            y = tuple(np.concatenate([v[q][c] for _, q in level]) for c in range(4))
+            mode = np.tile(rne[ri], len(level))
+            out = _add_round(x, y, _FP32, mode, mode)
+            for i, (d, _) in enumerate(level):
+                v[d] = tuple(c[i * m:(i + 1) * m] for c in out)
         for x, y in zip(total, v[0]):
             x[ri] = y
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fp4ref.gridround import GridFormat, round_int, unpack_ieee
+from fp4ref.native import tile_select
 from reference.formats import FORMATS, get_format
 from reference.gemm import GemmModel
 from reference.rounding import Mode, Overflow
@@ -159,9 +160,10 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
              shape_models: dict | None = None, no_split_search=()) -> ValidationResult:
     """Compare ``model`` with ``device`` on at least ``outputs`` random outputs.
 
-    ``shape_models``: {(M, N, K): model or (model, KLayout)} for shapes where the library
-    runs another kernel (inferred or explained per shape); those shapes are checked against
-    their own model, on the operands in the kernel's K order where a layout is given.
+    ``shape_models``: {(M, N, K): model or (model, KLayout[, TileSchedule])} for shapes where
+    the library runs another kernel (inferred or explained per shape); those shapes are
+    checked against their own model, on the operands in the kernel's K order where a layout
+    is given, and per output tile where a tile schedule is.
     ``no_split_search``: shapes where a mismatch is not searched for a split-K schedule
     (a pre-check already found none that explains them)."""
     no_split_search = {tuple(x) for x in no_split_search}
@@ -185,9 +187,12 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
             break
         try:
             a, b, sa, sb, alpha, got = random_batch(device, M, N, K, rng, kind)
-            here, lay = _schedule(shape_models.get((M, N, K), model))
+            here, lay, tiles = _schedule(shape_models.get((M, N, K), model))
             a2, b2 = (a, b) if lay is None else lay.pad(a, b)
             exp = simulate_gemm(here, a2, b2, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
+            if tiles is not None:  # per output tile: its segments (a, b in the tiles' own K order)
+                exp = tile_select(tiles, exp, lambda lay2, m2: simulate_gemm(
+                    m2, *((a, b) if lay2 is None else lay2.pad(a, b)), alpha=alpha), (M, N, K))
             # the first batch, and every batch the model misses, is sent twice: intermittent
             # noise shows as two answers to one question, not as a model that does not fit
             if repeat_check and (n == 0 or not np.array_equal(exp, got)):
@@ -227,8 +232,8 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
 
 
 def _schedule(entry) -> tuple:
-    """(model, KLayout or None) of a shape_models value."""
-    return entry if isinstance(entry, tuple) else (entry, None)
+    """(model, KLayout or None, TileSchedule or None) of a shape_models value."""
+    return (*entry, None)[:3] if isinstance(entry, tuple) else (entry, None, None)
 
 
 def _repeat(device, ops, got, shape, res) -> None:

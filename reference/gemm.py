@@ -13,7 +13,8 @@ Evaluation order of one output c = sum_k a_k * b_k (optional block scales):
    then the slice results are combined with FP32 RNE adds: in order
    (``split_reduce`` SERIAL), or as a halving tree (TREE: v[i] += v[i + ceil(n/2)]
    for i < n - ceil(n/2), n -> ceil(n/2), until one is left; cuBLAS's fp32 gemv
-   reduces its 32 lane partials so).  Slices are equal
+   reduces its 32 lane partials so), or pairwise by recursive halves (PAIRWISE:
+   cuBLAS's tf32 segment-K partials); see ``reference.schedule.reduce_levels``.  Slices are equal
    (K a multiple of split_k), or with ``split_tile`` T each slice but the last
    holds ceil(K / split_k) rounded up to a multiple of T (cuBLAS split-K on the
    H200: K = 4096 as 3 slices of 1408, 1408, 1280); see ``split_bounds``.
@@ -120,7 +121,8 @@ class GemmModel:
     overflow_inf: bool = False       # fused sum >= 2^128 in magnitude -> +-Inf
     exp_formats: tuple | None = None  # (a, b, scale) formats for SCALE_EXPONENT_SUM (None: FP32)
     # How split-K slice results are combined (SERIAL: in order; TREE: halving tree, cuBLAS
-    # fp32 gemv).  Omitted from to_dict when SERIAL.
+    # fp32 gemv; PAIRWISE: recursive halves, cuBLAS tf32 segment-K).  Omitted from to_dict
+    # when SERIAL.
     split_reduce: SplitReduce = SplitReduce.SERIAL
 
     def __post_init__(self):

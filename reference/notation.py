@@ -25,9 +25,9 @@ the default::
                             promotion interval (- = none) and the rounding of the
                             cross-group additions (shown unless - and RNE); chain: each
                             instruction starts from the running accumulator
-  split=<split_k>[/T<split_tile>][:tree]
+  split=<split_k>[/T<split_tile>][:tree|:pairwise]
                             K slices (uneven: rounded up to a k-tile), their results added
-                            in order, or with :tree as a halving tree            (optional)
+                            in order, as a halving tree, or pairwise by halves   (optional)
   scale=group               block scales multiply group partial sums           (optional)
   L=<lattice>               results snapped to multiples of it, RNE            (optional)
   prod=<product_format>     products rounded to this format                    (optional)
@@ -80,7 +80,8 @@ PARAMETERS = {
     "overflow_inf": "true: a fused sum beyond the FP32 range becomes +-Inf",
     "exp_formats": "null or [a, b, scale]: the formats whose exponents SCALE_EXPONENT_SUM aligns at",
     "split_reduce": "how the split-K slice results are combined (each add FP32 RNE): SERIAL in order "
-                    "(default), TREE a halving tree v[i] += v[i + ceil(n/2)] (cuBLAS fp32 gemv)",
+                    "(default), TREE a halving tree v[i] += v[i + ceil(n/2)] (cuBLAS fp32 gemv), PAIRWISE "
+                    "by recursive halves, the first floor(n/2) then the rest (cuBLAS tf32 segment-K)",
 }
 
 # Other spellings older writers used -> GemmModel field.
@@ -142,10 +143,10 @@ def short(m: GemmModel, *, name: bool = False) -> str:
         g.append(m.outer_mode.name)
     g += ["chain"] if m.chain else []
     t += ["align=" + ":".join(al), "acc=" + ":".join(acc), "G=" + ":".join(g)]
-    tree = m.split_reduce is SplitReduce.TREE
+    tree = m.split_reduce is not SplitReduce.SERIAL
     if m.split_k != 1 or m.split_tile is not None or tree:
         t.append(f"split={m.split_k}" + (f"/T{m.split_tile}" if m.split_tile is not None else "")
-                 + (":tree" if tree else ""))
+                 + (":" + m.split_reduce.value if tree else ""))
     if m.scale_point is not ScalePoint.PRODUCT:
         t.append(f"scale={m.scale_point.value}")
     if m.lattice is not None:
@@ -201,10 +202,11 @@ def _p_group(v, kw):
 
 def _p_split(v, kw):
     v, *rest = v.split(":")
+    valid = [r.value for r in SplitReduce if r is not SplitReduce.SERIAL]
     for p in rest:
-        if p != "tree":
-            raise ValueError(f"short form: split: unknown part {p!r}; valid: tree")
-        kw["split_reduce"] = SplitReduce.TREE
+        if p not in valid:
+            raise ValueError(f"short form: split: unknown part {p!r}; valid: {', '.join(valid)}")
+        kw["split_reduce"] = SplitReduce(p)
     s, sep, t = v.partition("/T")
     kw["split_k"] = _int("split", s)
     if sep:
@@ -345,6 +347,10 @@ def _epilogue_words(m: GemmModel) -> list[str]:
             out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then combined by a "
                        "halving tree in FP32 (RNE): of n partial results, each i < n - ceil(n/2) adds "
                        "result i + ceil(n/2), leaving ceil(n/2), until one is left.")
+        elif m.split_reduce is SplitReduce.PAIRWISE:
+            out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then combined "
+                       "pairwise in FP32 (RNE): the first floor(n/2) partial results and the rest, "
+                       "each half combined the same way, then the two added.")
         else:
             out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then added in "
                        "FP32 (RNE).")
@@ -384,7 +390,8 @@ def hypothesis_name(m: GemmModel) -> str:
              f"{m.exact_group or 1}, {m.align_bits} fraction bits {m.align_mode.name}, "
              f"{m.norm_mode.name} per instruction, aligned by {m.align_ref.name.lower().replace('_', ' ')}")
     if m.split_k > 1:
-        words += f", split-K {m.split_k}" + (" (tree)" if m.split_reduce is SplitReduce.TREE else "")
+        words += f", split-K {m.split_k}" + ("" if m.split_reduce is SplitReduce.SERIAL
+                                             else f" ({m.split_reduce.value})")
     if m.lattice is not None:
         words += f", lattice {m.lattice}"
     return words + ")"

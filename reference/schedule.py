@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .gemm import GemmModel
 
 __all__ = ["ScalePoint", "AlignRef", "SplitReduce", "ScaleAt", "Operand", "ExpFactor", "Step",
-           "Group", "Slice", "Schedule", "Arithmetic", "plan", "build", "split_bounds", "acc_exp_floor"]
+           "Group", "Slice", "Schedule", "Arithmetic", "plan", "build", "split_bounds", "acc_exp_floor", "reduce_levels"]
 
 
 class ScalePoint(enum.Enum):
@@ -79,9 +79,37 @@ class AlignRef(enum.Enum):
 
 
 class SplitReduce(enum.Enum):
-    """How the split-K slice results are combined (each add FP32 RNE)."""
-    SERIAL = "serial"  # in order, left to right
-    TREE = "tree"      # halving tree: v[i] += v[i + ceil(n/2)] for i < n - ceil(n/2), n -> ceil(n/2)
+    """How the split-K slice results are combined (each add FP32 RNE; ``reduce_levels``)."""
+    SERIAL = "serial"      # in order, left to right
+    TREE = "tree"          # halving tree: v[i] += v[i + ceil(n/2)] for i < n - ceil(n/2), n -> ceil(n/2)
+    PAIRWISE = "pairwise"  # recursive halves: (first floor(n/2)) + (the rest), each half likewise
+
+
+def reduce_levels(mode: SplitReduce, n: int) -> tuple:
+    """The adds combining n slice results, as levels of independent (dst, src) pairs: v[dst]
+    = v[dst] + v[src], level by level; the result is v[0].  SERIAL: (0, 1), (0, 2), ...;
+    TREE: cuBLAS gemv's warp butterfly; PAIRWISE: cuBLAS segment-K's partials (H200 dumps:
+    3 segments (0, (1, 2)), 15 as 7 + 8)."""
+    if mode is SplitReduce.SERIAL:
+        return tuple(((0, j),) for j in range(1, n))
+    if mode is SplitReduce.TREE:
+        out = []
+        while n > 1:
+            h = (n + 1) // 2
+            out.append(tuple((i, i + h) for i in range(n - h)))
+            n = h
+        return tuple(out)
+    levels: dict = {}
+
+    def walk(lo: int, k: int) -> int:  # the subtree's depth; its value lands in v[lo]
+        if k == 1:
+            return 0
+        h = k // 2
+        d = 1 + max(walk(lo, h), walk(lo + h, k - h))
+        levels.setdefault(d, []).append((lo, lo + h))
+        return d
+    walk(0, n)
+    return tuple(tuple(levels[d]) for d in sorted(levels))
 
 
 class ScaleAt(enum.Enum):
@@ -192,20 +220,13 @@ class Schedule:
         return self.combine(arith, parts)
 
     def combine(self, arith: "Arithmetic", parts: list):
-        """The slices' FP32 results combined per ``split_reduce`` (each add
-        ``arith.add_slices``: FP32 RNE): SERIAL in order, TREE the halving tree."""
-        if self.split_reduce is SplitReduce.TREE:
-            v, n = list(parts), len(parts)
-            while n > 1:
-                h = (n + 1) // 2
-                for i in range(n - h):
-                    v[i] = arith.add_slices(v[i], v[i + h])
-                n = h
-            return v[0]
-        total = parts[0]
-        for part in parts[1:]:
-            total = arith.add_slices(total, part)
-        return total
+        """The slices' FP32 results combined per ``split_reduce`` (``reduce_levels``; each
+        add ``arith.add_slices``: FP32 RNE)."""
+        v = list(parts)
+        for level in reduce_levels(self.split_reduce, len(v)):
+            for dst, src in level:
+                v[dst] = arith.add_slices(v[dst], v[src])
+        return v[0]
 
 
 class Arithmetic(Protocol):

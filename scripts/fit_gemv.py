@@ -13,7 +13,13 @@ Model found (every dumped output of /tmp/dumps15/gemv.npz bit-exact, see ``repor
 Exact FP32 FMA on the CPU: float64 product (exact for fp32 inputs), TwoSum, round to odd, then
 one rounding to float32 (correct since 53 >= 24 + 2).
 
+Lanes are not always 32 (H200 sweep /tmp/dumps15b, ``--sweep``): the same model with T lanes
+(tiles dealt to lane i % T, halving tree over T) fits 221 of 222 single-pass gemvx shapes with
+(T, g) from ``gemv_layout`` / ``chunk_width`` (empirical rule, see there); gemvx followed by
+cublasLt::splitKreduce_kernel (M == 1, large K, n <= 1500) is split-K and not modelled.
+
 Usage:
+  python scripts/fit_gemv.py --sweep [dump.npz ...]  # per shape: kernel, fitted (lanes, g), rule, match
   python scripts/fit_gemv.py [dump.npz ...]        # fit (default /tmp/dumps15/gemv.npz)
   python scripts/fit_gemv.py --search [dump.npz]   # the wider grid search (lanes, g, trees)
   python scripts/fit_gemv.py --dump OUT.npz        # ON A GPU (torch): sweep of gemv shapes to fit g
@@ -223,8 +229,125 @@ def dump(out_path, n_sample=8, seed=0, device='cuda', Ks=None, outs=None):
     np.savez_compressed(out_path, meta=json.dumps(meta), **arrays)
 
 
+# ---------------------------------------------------------------- the rule choosing (lanes, g)
+def kernel_args(name):
+    """(b1, opT, int, splitK) from a gemvx kernel name (None if no gemvx kernel): b1 = the 1st
+    template bool (true only at K = 32 here), opT = the 3rd bool (N == 1: contiguous dots), int =
+    the template int (log2 of the block size?), splitK = a cublasLt::splitKreduce_kernel follows."""
+    import re
+    m = re.search(r'gemvx::kernel<int, int, float, float, float, float, (\w+), (\w+), (\w+), (\w+), (\d+),', name or '')
+    if not m:
+        return None
+    return m.group(1) == 'true', m.group(3) == 'true', int(m.group(5)), 'splitKreduce' in name
+
+
+def gemv_layout(M, N, K, kernel_name):
+    """(lanes, g) of the single-pass gemvx kernel: lanes FMA chains, tiles of g dealt round robin,
+    halving tree over the lanes. Empirical (H200 sweep /tmp/dumps15b, see --sweep).
+    None: not modelled (non-gemvx kernel, or gemvx + splitKreduce split-K)."""
+    a = kernel_args(kernel_name)
+    if a is None or a[3]:
+        return None
+    b1, opT, iv, _ = a
+    n = M if N == 1 else N
+    cdiv = lambda x, y: -(-x // y)
+    if b1:                              # K = 32 variant (T,6): 2 lanes, two contiguous halves
+        return 2, min(cdiv(K, 2), 64)
+    if opT:                             # N == 1
+        if iv in (7, 8):                # 32 lanes: one contiguous block per lane while K <= 512
+            return 32, (cdiv(K, 32) if K <= 512 else 1)
+        if iv == 9:                     # same lane choice as M == 1, int 9 (below); g = 1
+            L = 32
+            while L > 1 and n * L > 132 * 512:
+                L //= 2
+            return L, 1
+        return 16, 1                    # T,6 (seen only at M = 3000, K >= 1500)
+    if iv == 8:                         # M == 1
+        return 32, 1
+    if iv == 6:
+        return 2, min(cdiv(K, 2), 64)
+    if iv == 7:
+        if K < 512:
+            return 2, min(cdiv(K, 2), 64)
+        return (32, 1) if n <= 1024 else (4, 1)
+    if iv == 9:                         # lanes: largest power of 2 <= 32 with n * lanes <= 132 * 512
+        L = 32
+        while L > 1 and n * L > 132 * 512:
+            L //= 2
+        if K >= 8192:
+            L = max(L, 16)
+        return L, min(cdiv(K, L), 64)
+    return None
+
+
+def chunk_width(M, N, K, kernel_name):
+    """g (products per tile) of gemv_layout; None where not modelled."""
+    lay = gemv_layout(M, N, K, kernel_name)
+    return None if lay is None else lay[1]
+
+
+def fit_layouts(X, Y, ref, K):
+    """All (lanes, g) with every sampled output bit-exact, lanes in 2..64, g in
+    {1, min(ceil(K/lanes), 64), ceil(K/lanes), 64} (tree_down, FMA)."""
+    found = []
+    for T in (2, 4, 8, 16, 32, 64):
+        for g in sorted({1, min(-(-K // T), 64), -(-K // T), 64}):
+            if g > K:
+                continue
+            idx = lane_index(K, g, T)
+            if hits(reduce(lane_partials(X[:1], Y[:1], idx), 'tree_down'), ref[:1]) < 1:
+                continue
+            if hits(reduce(lane_partials(X, Y, idx), 'tree_down'), ref) == len(ref):
+                found.append((T, g))
+    return found
+
+
+def _sweep_one(item):
+    key, (X, Y, ref, (M, N, K), kern) = item
+    lay = gemv_layout(M, N, K, kern)
+    a = kernel_args(kern)
+    if a is None:
+        return key, kernel_tag(kern), None, lay, None, len(ref)
+    fits = fit_layouts(X, Y, ref, K)
+    ok = None
+    if lay is not None:
+        ok = hits(gemv_model(X, Y, lay[1], lanes=lay[0]), ref)
+    tag = kernel_tag(kern) + (',b1' if a[0] else '') + (',splitK' if a[3] else '')
+    return key, tag, fits, lay, ok, len(ref)
+
+
+def sweep(paths):
+    """Per shape: kernel tag, fitted (lanes, g) set, the rule's (lanes, g), match."""
+    from multiprocessing import Pool
+    items = []
+    for p in paths:
+        items += list(load(p).items())
+    with Pool(2) as pool:
+        res = pool.map(_sweep_one, items, chunksize=4)
+    cnt = dict(gemvx=0, modelled=0, match=0, other=0, splitk=0, outs=0, outs_ok=0)
+    for key, tag, fits, lay, ok, n in res:
+        if fits is None:
+            cnt['other'] += 1
+            print(f"{key:34s} non-gemvx {tag[:60]}")
+            continue
+        cnt['gemvx'] += 1
+        if lay is None:
+            cnt['splitk'] += 1
+        else:
+            cnt['modelled'] += 1
+            cnt['match'] += ok == n
+            cnt['outs'] += n
+            cnt['outs_ok'] += ok
+        st = 'n/a' if lay is None else ('OK' if ok == n else f'FAIL {ok}/{n}')
+        print(f"{key:34s} {tag:12s} fits(lanes,g)={fits} rule={lay} {st}")
+    print(cnt)
+
+
 if __name__ == '__main__':
     args = sys.argv[1:]
+    if args[:1] == ['--sweep']:
+        sweep(args[1:] or ['/tmp/dumps15b/gemv1.npz', '/tmp/dumps15b/gemv2.npz'])
+        sys.exit(0)
     if args[:1] == ['--dump']:
         dump(args[1])
     elif args[:1] == ['--search']:

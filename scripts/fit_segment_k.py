@@ -2,6 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python scripts/fit_segment_k.py [--npz /tmp/dumps15/tf32.npz]
         [--verify 64] [--corner]
+    PYTHONPATH=. .venv/bin/python scripts/fit_segment_k.py --verify-all [--observed] [--only 2500x1900]
+        (every dump in DUMPS against segments(): cuts + reduce_tree; --observed: OBSERVED overrides)
 
 Kernel: sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize{128x256x32,64x256x32}_..._execute_segment_k
 (a Memset precedes it).  Model per segment: "F=8 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE",
@@ -106,8 +108,9 @@ def raster(MT: int, NT: int):
     return idx
 
 
-def segments(M: int, N: int, K: int, TM: int, TN: int = 256, sms: int = SM):
-    """{(m', n'): cuts or None} per output tile (m' over torch columns N in TM, n' over torch rows
+def segments_v1(M: int, N: int, K: int, TM: int, TN: int = 256, sms: int = SM):
+    """The first rule (superseded by segments below; kept for the report of main()).
+    {(m', n'): cuts or None} per output tile (m' over torch columns N in TM, n' over torch rows
     M in TN): [] one segment, [c] two segments at c = ceil(K/2) rounded up to 32, None unknown.
 
     T tiles, r = T mod sms (T itself when T <= sms): the tail wave.
@@ -133,6 +136,132 @@ def segments(M: int, N: int, K: int, TM: int, TN: int = 256, sms: int = SM):
             else:
                 out[m, n] = None if idx[m, n] == T - 1 else []
     return out
+
+
+def split_units(n: int, s: int):
+    """Unit (32-wide k-block) edges of s segments of n k-blocks: floor(n/s) each, the last n % s
+    segments one more (1945x568x13960 corner: 13 x 29 + 2 x 30 of 437; 2000x500x10500: 82,82,82,83)."""
+    base, rem = divmod(n, s)
+    lens = [base] * (s - rem) + [base + 1] * rem
+    return [int(x) for x in np.cumsum([0] + lens)]
+
+
+def seg_cuts(K: int, s: int):
+    """Cuts in K (elements) of s segments: 32 * the unit edges."""
+    return [32 * u for u in split_units(-(-K // 32), s)[1:-1]]
+
+
+# Observed structures the shape rule below does not produce (one shape each):
+#   2500x1900x9000 (T = 150, r = 18): 24 tiles split in 4, not the last 18 of the pair raster in 7;
+#   the 24 are n' 0..2 x m' 8..14 and n' 3 x m' 12..14 (the last 24 of a raster with m' groups of
+#   8 wide, serpentine in n', m' ascending in a row).
+OBSERVED = {(2500, 1900, 9000): ("tiles", 4, [(m, n) for n in range(3) for m in range(8, 15)] + [(12, 3), (13, 3), (14, 3)])}
+
+
+def segments(M: int, N: int, K: int, TM: int, sms: int = SM, TN: int = 256, observed: bool = False):
+    """{(m', n'): (cuts, tree) or None} per output tile (m' over torch columns N in TM, n' over torch
+    rows M in TN).  cuts: the segment boundaries in K (multiples of 32, [] = one segment); each
+    segment is a chain from zero; tree = reduce_tree(len(cuts) + 1): the order the segment partials
+    are added in FP32 RNE (segment i covers [edges[i], edges[i+1]), edges = [0, *cuts, K]).
+
+    n = ceil(K/32) k-blocks; s segments take floor(n/s) blocks, the last n % s one more.
+    T = MT' * NT' tiles, raster(): pair raster (m' pairs, serpentine n').
+      T <= sms/2: every tile s = sms // T segments (T = 52: 2; 36, 40: 3; 32: 4).
+      sms/2 < T <= sms: every tile one segment but the last in raster order, which gets
+        (sms - T) // 4 segments (T = 72: 15; one shape: the formula is a guess among several
+        that give 15, e.g. ceil(n/30)).
+      T > sms, r = T % sms: r == 0 all one; 2 r <= sms: the last r tiles in raster order
+        s = sms // r (T = 180, r = 48: 2) -- but T = 150, r = 18 gave 24 tiles x 4 (OBSERVED);
+        2 r > sms: not seen (None for the last tile).
+    observed=True substitutes the OBSERVED structure for the shapes listed there."""
+    MT, NT = -(-N // TM), -(-M // TN)
+    T = MT * NT
+    idx = raster(MT, NT)
+    one = ([], 0)
+    split = lambda s: (seg_cuts(K, s), reduce_tree(s))
+    out = {t: one for t in np.ndindex(MT, NT)}
+    if observed and (M, N, K) in OBSERVED:
+        _, s, tiles = OBSERVED[M, N, K]
+        for t in tiles:
+            out[t] = split(s)
+        return out
+    if 2 * T <= sms:
+        return {t: split(sms // T) for t in out}
+    if T <= sms:
+        last = tuple(int(v) for v in np.argwhere(idx == T - 1)[0])
+        out[last] = split(max(1, (sms - T) // 4))
+        return out
+    r = T % sms
+    if r == 0:
+        return out
+    for t in out:
+        if idx[t] >= T - r:
+            out[t] = split(sms // r) if 2 * r <= sms else (None if idx[t] == T - 1 else one)
+    return out
+
+
+def reduce_tree(s: int, lo: int = 0):
+    """The order the s segment partials of a tile are added in (FP32 RNE): a binary tree, nested
+    tuples of segment indices, split recursively at floor(s/2) (the larger half last):
+    s = 2: (0, 1); 3: (0, (1, 2)); 4: ((0, 1), (2, 3));
+    15: (((0, (1, 2)), ((3, 4), (5, 6))), (((7, 8), (9, 10)), ((11, 12), (13, 14))))."""
+    if s == 1:
+        return lo
+    h = s // 2
+    return (reduce_tree(h, lo), reduce_tree(s - h, lo + h))
+
+
+def tree_sum(tree, parts):
+    if isinstance(tree, int):
+        return parts[tree]
+    return (tree_sum(tree[0], parts) + tree_sum(tree[1], parts)).astype(np.float32)
+
+
+DUMPS = ["/tmp/dumps15/tf32.npz", "/tmp/dumps15b/tf32a.npz", "/tmp/dumps15b/tf32b.npz", "/tmp/dumps15b/tf32c.npz"]
+
+
+def verify_all(paths=DUMPS, observed=False, only=None):
+    """Every segment_k kernel output of the dumps against segments(): per shape, outputs
+    bit-exact (segments summed by their tree), of those dumped."""
+    tot = [0, 0]
+    for path in paths:
+        z = np.load(path)
+        for m in json.loads(str(z["meta"])):
+            key, kern = m["key"], [k for k in m["kernels"] if "segment_k" in k]
+            if only and only not in key:
+                continue
+            M, N, K = (int(v) for v in key.split("|")[1].split("x"))
+            if not kern:
+                print(f"{path} {key}: skipped (kernels {[k[:60] for k in m['kernels']]})")
+                continue
+            kern = kern[0]
+            TM, TN = (int(v) for v in re.search(r"tilesize(\d+)x(\d+)x", kern).groups())
+            a, b, o = z[f"{key}|a"], z[f"{key}|b"], z[f"{key}|out"]
+            rows, cols = z[f"{key}|rows"], z[f"{key}|cols"]
+            pairs = [(i, j) for i in range(o.shape[0]) for j in range(o.shape[1])]
+            P, X = prep(a, b, pairs)
+            obs = bits(np.array([o[i, j] for i, j in pairs]))
+            tile = [(int(cols[j]) // TM, int(rows[i]) // TN) for i, j in pairs]
+            if "segment_k_off" in kern:
+                seg = {t: ([], 0) for t in set(tile)}
+            else:
+                seg = segments(M, N, K, TM, SM, TN, observed)
+            good = np.zeros(len(pairs), bool); unk = 0; hist = {}
+            for t in sorted(set(tile)):
+                sel = np.array([k for k, u in enumerate(tile) if u == t])
+                if seg[t] is None:
+                    unk += len(sel)
+                    continue
+                cuts, tree = seg[t]
+                edges = [0, *cuts, P.shape[1]]
+                parts = [chain(P[sel], X[sel], c0, c1) for c0, c1 in zip(edges, edges[1:])]
+                hist[len(parts)] = hist.get(len(parts), 0) + 1
+                good[sel] = bits(tree_sum(tree, parts)) == obs[sel]
+            tag = "segment_k_off" if "segment_k_off" in kern else "segment_k_on"
+            print(f"{path} {key} ({tag}, tile {TM}x{TN}, tiles by segment count {dict(sorted(hist.items()))}): "
+                  f"{int(good.sum())} of {len(pairs)} bit-exact, {unk} in tiles left unknown")
+            tot[0] += int(good.sum()); tot[1] += len(pairs)
+    print(f"all: {tot[0]} of {tot[1]}")
 
 
 # ----------------------------------------------------------------------------- data
@@ -195,7 +324,7 @@ def validation_check(M, N, K, TM, TN, jsonl="reports/baselines/shapes/nvidia-h20
         r = json.loads(line)
         if r["device"] == "cuda-cublas-tf32" and r["shape"] == [M, N, K] and r.get("model", "").find("split") < 0:
             rows, cols = sample_grid(M, N, r["outputs"], np.random.default_rng(_stable_seed(0, r["device"], r["draw"]) + 2))
-            seg = segments(M, N, K, TM, TN)
+            seg = segments_v1(M, N, K, TM, TN)
             R, C = np.meshgrid(rows, cols, indexing="ij")
             one = np.vectorize(lambda i, j: seg[j // TM, i // TN] == [])(R, C)
             unknown = np.vectorize(lambda i, j: seg[j // TM, i // TN] is None)(R, C)
@@ -237,7 +366,13 @@ def main(argv=None):
     p.add_argument("--npz", default="/tmp/dumps15/tf32.npz", help="also: /tmp/fitdata/tf32.npz (session 14)")
     p.add_argument("--verify", type=int, default=0, help="outputs per shape checked against fp4ref.gemm.emulate")
     p.add_argument("--corner", action="store_true")
+    p.add_argument("--verify-all", action="store_true", help="every dump in DUMPS against segments()")
+    p.add_argument("--only", help="with --verify-all: shapes whose key contains this")
+    p.add_argument("--observed", action="store_true", help="with --verify-all: OBSERVED structures too")
     args = p.parse_args(argv)
+    if args.verify_all:
+        verify_all(observed=args.observed, only=args.only)
+        return
     total = [0, 0, 0]
     for key, (M, N, K, TM, TN, d) in load(args.npz).items():
         a, b, out = d["a"], d["b"], d["out"]
@@ -266,7 +401,7 @@ def main(argv=None):
         one = sorted(int(idx[t]) for t, v in status.items() if all(x and not y for x, y in v))
         print(f"  raster indices: one segment {one[:3]}..{one[-3:] if one else ''} ({len(one)}), "
               f"two {two[:3]}..{two[-3:] if two else ''} ({len(two)})")
-        for name, rule in (("rule (shape only)", segments),):
+        for name, rule in (("rule (shape only)", segments_v1),):
             seg = rule(M, N, K, TM, TN)
             good = unk = 0
             for (i, j), u, s in zip(pairs, m1, m2):

@@ -335,6 +335,107 @@ def test_probe_validation_explains_kernel_order_shapes():
     failing = precheck_shapes(dev, res.model, shapes, split_search_s=0.0)
     assert sorted(failing) == sorted(shapes)   # natural K order misses each shape
     got, rest = explain_shapes(dev, res.model, failing, seed=3)
-    assert rest == [] and all(lay is not None and lay.chunk for _, lay in got.values()), got
+    assert rest == [] and all(lay is not None and lay.chunk for _, lay, _ in got.values()), got
     v = validate(dev, res.model, outputs=200, shapes=shapes, shape_models=got, no_split_search=failing)
     assert v.per_shape and all(s["matches"] == s["outputs"] and s["own_model"] for s in v.per_shape), v.per_shape
+
+
+_SEGK = ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize8x16x32_warpgroupsize1x1x1_execute_segment_k_on_"
+         "kernel__5x_cublas")   # the H200's tiles are 64x256 or 128x256; small ones keep the test fast
+
+
+def _tail_tiles(tiles_m, tiles_n, sms):
+    """The segment-K rule, spelled as the H200 fit states it (scripts/fit_segment_k.py):
+    ({cuBLAS tiles (m', n') cut in segments}, s), tiles launched in pairs of m' serpentine
+    in n'; 2 T <= sms: all, s = sms // T; T <= sms: the last, s = (sms - T) // 4; else the
+    last r = T mod sms when 2 r <= sms, s = sms // r."""
+    order = []
+    for g in range(-(-tiles_m // 2)):
+        ns = range(tiles_n) if g % 2 == 0 else range(tiles_n - 1, -1, -1)
+        order += [(m, n) for n in ns for m in range(2 * g, min(2 * g + 2, tiles_m))]
+    T = len(order)
+    if 2 * T <= sms:
+        return set(order), sms // T
+    if T <= sms:
+        return {order[-1]}, max(1, (sms - T) // 4)
+    r = T % sms
+    return (set(order[T - r:]), sms // r) if 0 < r and 2 * r <= sms else (set(), 1)
+
+
+def _pairwise(parts):
+    """float32 partials added by recursive halves (first floor(n/2), then the rest)."""
+    if len(parts) == 1:
+        return parts[0]
+    h = len(parts) // 2
+    return np.float32(_pairwise(parts[:h]) + _pairwise(parts[h:]))
+
+
+@pytest.mark.parametrize("shape", [(20, 20, 200), (16, 16, 333), (40, 30, 333), (48, 20, 500)])
+def test_segment_k_tiles_found_and_emulated(shape, monkeypatch):
+    """A device computing like the H200's sm_90 tf32 segment-K kernel (tiles of TM torch
+    columns x TN torch rows; the tiles of the last partial wave cut into s K segments of whole
+    32-blocks, the longer ones last, on 8 SMs): explain finds the tile schedule and
+    emulate_native reproduces a fresh batch bit for bit.  Oracle: the device computes each
+    segment on its own K range and adds the float32 partials pairwise in numpy."""
+    import probes.explain as ex
+    from probes.device import Device, TensorOps
+    from probes.sim import bits_to_float
+    M, N, K = shape
+    monkeypatch.setattr(ex, "environment_key", lambda name: {"device": name, "sm_count": 8})
+    one = parse_short("F=8 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE")
+    TM, TN = 8, 16
+    tail, s = _tail_tiles(-(-N // TM), -(-M // TN), 8)
+    n = -(-K // 32)
+    cuts = [32 * (j * (n // s) + max(0, j - (s - n % s))) for j in range(s)] + [K]
+
+    def fn(a, b, **_):
+        out = bits_to_float(simulate_gemm(one, a, b), "float32")
+        parts = [bits_to_float(simulate_gemm(one, a[:, lo:hi], b[lo:hi]), "float32").astype(np.float32)
+                 for lo, hi in zip(cuts, cuts[1:])]
+        for m, q in tail:
+            for i in range(q * TN, min((q + 1) * TN, M)):
+                for j in range(m * TM, min((m + 1) * TM, N)):
+                    out[i, j] = _pairwise([p[i, j] for p in parts])
+        return out
+    caps = Capabilities("tf32", "tf32", "float32", max_k=16384)
+    dev = Device("cuda-cublas-tf32", "virtual segment-K", "virtual", caps, fn,
+                 tensors=TensorOps(kernels=lambda batch: [_SEGK]))
+    table = ScheduleTable()
+    e = explain_shape(dev, shape, base_model=one, table=table, outputs=1024, budget_s=60)
+    assert e.exact, e
+    assert (e.tiles is not None) == (bool(tail) and s > 1), e.tiles
+    b = dev.draw(M, N, K, 5)
+    got = dev.call_tensors(b)
+    emu = emulate_native("cuda-cublas-tf32", b.a, b.b, table=table)
+    assert torch.equal(got.float().view(torch.int32), emu.view(torch.int32))
+    hit = ScheduleTable.from_dict(table.to_dict()).lookup("cuda-cublas-tf32", shape)
+    assert hit.tiles == e.tiles and hit.model == e.model
+
+
+_GEMV = ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float, float, float, float, "
+         "false, true, true, false, 7, false, cublasGemvParamsEx<int, float> >(Params)")
+
+
+@pytest.mark.parametrize("M,N,K,g", [(37, 1, 333, 11), (1, 29, 2100, 64), (40, 1, 700, 1)])
+def test_gemv_lanes_found_and_emulated(M, N, K, g):
+    """A device computing like the H200's cuBLAS fp32 gemv (32 lanes fed chunks of g round
+    robin, a halving tree): explain finds the chunk width among lane_chunks and
+    emulate_native reproduces a fresh batch bit for bit.  Oracle: the device runs
+    simulate_gemm on kernel_operands' lane-gathered operands."""
+    from probes.device import Device, TensorOps
+    from probes.kernels import kernel_models, kernel_operands
+    from probes.sim import bits_to_float
+    row = kernel_models("cuda-cublas-fp32", [_GEMV])[0]
+
+    def fn(a, b, **_):
+        a2, b2, m = kernel_operands(row, a, b, chunk=g)
+        return bits_to_float(simulate_gemm(m, a2, b2), "float32")
+    dev = Device("cuda-cublas-fp32", "virtual gemv", "virtual", Capabilities("float32", "float32", "float32",
+                 max_k=16384), fn, tensors=TensorOps(kernels=lambda batch: [_GEMV]))
+    table = ScheduleTable()
+    fma = parse_short("F=1 align=exact acc=23:RNE G=- out=float32:RNE")
+    e = explain_shape(dev, (M, N, K), base_model=fma, table=table, outputs=64, budget_s=60)
+    assert e.exact and e.layout.k_tile == g and e.model.split_reduce.value == "tree", e
+    b = dev.draw(M, N, K, 9)
+    emu = emulate_native("cuda-cublas-fp32", b.a, b.b, table=table)
+    assert torch.equal(dev.call_tensors(b).float().view(torch.int32), emu.view(torch.int32))

@@ -373,3 +373,51 @@ if __name__ == "__main__":
         _append_random(sys.argv[2])
     else:
         _build(*sys.argv[1:3])
+
+
+@pytest.mark.parametrize("i", [0, 1, 2, 3])
+def test_segment_k_tiles_reproduce_native_outputs(i):
+    """H200 tf32 sm90 segment-K (132 SMs; session 15 dumps, whole K): segk0 2223x2468x9324
+    (128x256 tiles, the last 48 of 180 in 2 segments; 4 x 4 outputs, 6 in such tiles), segk1
+    2000x500x10500 (all 32 tiles in 4), segk2 1530x700x12000 (all 42 in 3), segk3 the corner
+    tile of 1945x568x13960 (the last of 72, in 15).  The row's tile schedule (segments of whole
+    32-blocks, the longer last, added pairwise) reproduces every output; one segment misses.
+    Oracle: the native float32 outputs."""
+    from fp4ref.native import tile_select
+    from probes.kernels import row_tiles
+    z = np.load(DATA)
+    p = f"segk{i}_"
+    kern = str(z[p + "kernels"]).split("\n")
+    M, N, K = (int(x) for x in z[p + "shape"])
+    row = kernel_models("cuda-cublas-tf32", kern)[0]
+    tiles = row_tiles(row, kern, K, 132)
+    a, b = z[p + "a"].astype(np.float64), z[p + "b"].astype(np.float64)
+    one = simulate_gemm(row.gemm_model, a, b)
+    got = tile_select(tiles, one, lambda lay, m: simulate_gemm(m, *((a, b) if lay is None else lay.pad(a, b))),
+                      (M, N, K), z[p + "rows"], z[p + "cols"])
+    want = output_bits(z[p + "out"].astype(np.float64), "float32")
+    assert np.array_equal(got, want) and not np.array_equal(one, want)
+    assert row_tiles(row, [k.replace("segment_k_on", "segment_k_off") for k in kern], K, 132) is None
+
+
+@pytest.mark.parametrize("i", [0, 1, 2])
+def test_gemv_lanes_and_tree_reproduce_native_outputs(i):
+    """H200 cuBLAS fp32 gemv (session 15 dumps; excerpts gemv0..2: 517x1x333 with chunks of
+    11, 1x1500x3000 with 64, 1000x1x4000 with 1): 32 FMA-chain lanes fed round robin, their
+    sums added by a halving tree, reproduce every excerpted output, through the simulator and
+    the exact reference; the same lanes added in order miss some.  Oracle: the native outputs."""
+    from reference.exact import exact
+    from reference.gemm import dot
+    z = np.load(DATA)
+    p = f"gemv{i}_"
+    row = kernel_models("cuda-cublas-fp32", str(z[p + "kernels"]).split("\n"))[0]
+    assert row.lanes == 32 and row.confirmed
+    a, b, model = kernel_operands(row, z[p + "a"].astype(np.float64), z[p + "b"].astype(np.float64),
+                                  chunk=int(z[p + "chunk"]))
+    want = output_bits(z[p + "out"].astype(np.float64), "float32")
+    assert np.array_equal(simulate_gemm(model, a, b), want)
+    serial = model.replace(split_reduce="serial")
+    assert not np.array_equal(simulate_gemm(serial, a, b), want)
+    if a.shape[1] <= 4096:  # the exact reference, one output
+        v = dot(model, [exact(float(x)) for x in a[0]], [exact(float(x)) for x in b[:, 0]])
+        assert float(v.to_fraction()) == float(z[p + "out"][0, 0])
