@@ -227,6 +227,11 @@ def layout_candidates(device_name: str, kernels, K: int, output: str, predicted:
     return out
 
 
+def _lanes_kernel(device_name: str, kernels) -> bool:
+    from .kernels import kernel_models
+    return any(r.lanes for r in kernel_models(device_name, list(kernels)))
+
+
 def predicted_first(cands: list, split: int | None) -> list:
     """``cands`` with those of ``split`` split-K slices first (stable): the library's own
     prediction (cublaslt_heuristic) tried before the rest, never instead of it."""
@@ -346,7 +351,9 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     except DeviceError:
         zero = None
     cands = rank_by_probe(cands, K, zero)
-    predicted = heuristic_split(dev.name, shape)
+    # cuBLASLt's heuristic describes its GEMM algorithms, not the gemv / dot kernels cuBLAS
+    # runs at M = 1 or N = 1 (their rows keep lanes, not a split count)
+    predicted = None if _lanes_kernel(dev.name, kernels) else heuristic_split(dev.name, shape)
     env = environment_key(dev.name)
     if dev.caps.block is None:  # the kernel rows' K orders come first: the most specific answer
         cands = layout_candidates(dev.name, kernels, K, out_fmt, predicted, env.get("sm_count")) + cands

@@ -194,7 +194,16 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "not yet checked on hardware",
         k_order=KWIDTH4_ORDER),
     KernelModel(
-        r"internal::gemvx::kernel<int, int, float, float, float, float,", ("cuda-cublas-fp32",),
+        r"cutlass_(75|80)_wmma_tensorop_s161616gemm_f16_32x32_64x[12]_nn_align[12]", _HALF, _TC16,
+        "cuBLAS f16 WMMA m16n16k16 kernels (mma.sync m16n8k16 on the H200: F=16 also for cutlass_75; "
+        "F=8 48..58/256). Session 15 dumps (scripts/fit_wmma.py): cutlass_80 32x32_64x1 align2 at "
+        "64x64x100 (no split, partial tile of 36 first), 256/256; cutlass_75 32x32_64x1 align1 + "
+        "splitKreduce at 78x877x813 (cuBLASLt S = 8: 7 x 104 + 85), 256/256; 32x32_64x2 at "
+        "13x1620x4139 (S = 16: 15 x 264 + 179), 208/208. Misses: k-tile 32 154..197, residue last "
+        "38..95, align 24/26 21..162, reverse or pairwise slice adds 51..120",
+        k_tile=64, split_align=8),
+    KernelModel(
+        r"internal::gemvx::kernel<int, int, float, float, float, float,", ("cuda-cublas-fp32", "cuda-cublas-tf32"),
         "F=1 align=exact acc=23:RNE G=- split=1:tree out=float32:RNE",
         "cuBLAS fp32 gemv (torch.mm with N = 1 or M = 1): 32 lanes, K dealt round robin in chunks of "
         "g products (partial chunk last), each lane one FP32 FMA chain from +0, the 32 lane sums "
@@ -204,7 +213,8 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "lanes summed in order 2..6/16, the tree from offset 1 up 4..7/16, the sequential FMA chain "
         "0..3/16. Sweep of 320 shapes (K 32..9000, 16..8192 outputs, N = 1 and M = 1): 242 ran "
         "gemvx, 222 in one pass; 221 fit with 2..32 lanes (3 outputs each). Not this row: gemvx + "
-        "splitKreduce (M = 1, long K: 20 shapes), dot_kernel, gemv2T/gemv2N, gemvNSP (78 shapes)",
+        "splitKreduce (M = 1, long K: 20 shapes), dot_kernel, gemv2T/gemv2N, gemvNSP (78 shapes). The "
+        "tf32 device runs the same fp32 kernel at M = 1 (1x200x3000, 1x64x500: session 15)",
         lanes=32),
     # Hypotheses: the same instruction and mainloop at tile sizes / layouts not yet seen.
     KernelModel(r"cutlass_75_tensorop_s1688gemm_(bf16|f16)_", _HALF, _TC,

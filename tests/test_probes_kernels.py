@@ -7,10 +7,12 @@ being the oracle: 2 rows x 2 columns of the survey dumps at the two smallest-K s
 dumps' excerpts listed in ``RANDOM``, appended with ``... tests/test_probes_kernels.py --random
 FOLDER`` (FOLDER holding b16.npz, fp32.npz, tf32.npz); and ``triton_imp0_*``: 4 x 4 outputs of
 a Triton fp8 tl.dot (mma.sync m16n8k16) at K = 256 from ``scripts/triton_dump.py``'s dumps (the rows
-and columns where the natural K order and the nearest instruction models miss most); the last two
+and columns where the natural K order and the nearest instruction models miss most); the last four
 excerpts (2 x 2 outputs of cuBLAS f16 at 48x330x12213, S = 88 with splitKreduce, and 2607x1559x2272,
-serial S = 3) are from session 15's dumps (scripts/gpu_dump_shapes.py; fitted by
-scripts/fit_f16_split.py: 256 of 256 dumped outputs each under slice_align's cache-line rule).
+serial S = 3, fitted by scripts/fit_f16_split.py: 256 of 256 dumped outputs each under slice_align's
+cache-line rule; the WMMA s161616 kernels at 78x877x813, S = 8, and 64x64x100, scripts/fit_wmma.py)
+are from session 15's dumps (scripts/gpu_dump_shapes.py), as are ``segk*`` (tf32 segment-K) and
+``gemv*`` (fp32 gemv).
 """
 from __future__ import annotations
 
