@@ -65,7 +65,8 @@ Why each step is exact (values are float64 tensors holding accumulator / FP32 va
 Split-K slices and groups (G=n) are independent recurrences from +0 (no chain): they run
 as one batch of lanes in lock step, a lane with fewer steps padded in front (steps of -0
 products keep +0: ``_lanes``); the cross-group adds then run in order per slice, and the
-slices are added in order (``split_reduce`` SERIAL) or as the halving tree (TREE).
+slices are combined per ``split_reduce`` (``reference.schedule.reduce_levels``: in order,
+the halving tree or pairwise).
 """
 from __future__ import annotations
 

@@ -21,10 +21,11 @@ from typing import Callable
 
 from reference.gemm import GemmModel
 from reference.notation import from_dict, short, to_dict
+from reference.schedule import SplitReduce
 
 __all__ = ["interleaved", "chunked", "KWIDTH4_ORDER", "gather_k", "KLayout", "residue_first", "segment_k_raster",
            "segment_k_split", "segmented",
-           "TileSchedule", "tile_select", "emulate_schedule", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
+           "TileSchedule", "tile_select", "schedule_parts", "run_schedule", "emulate_schedule", "ShapeSchedule", "ScheduleTable", "SOURCES", "TABLE_SCHEMA", "environment_key", "env_slug",
            "emulate_native", "register_shape_prober", "shape_prober", "alpha_factors", "cublaslt_library",
            "DEFAULT_TABLE"]
 
@@ -249,9 +250,13 @@ class TileSchedule:
         s = min(s, max(1, -(-K // self.block)))
         return tail.T, s
 
+    def active(self, M: int, N: int, K: int) -> bool:
+        """Whether any tile of an M x N x K result runs in more than one segment."""
+        tail, s = self.split(M, N, K)
+        return s > 1 and bool(tail.any())
+
     def alt(self, K: int, s: int) -> tuple:
         """(KLayout or None, model) of a tile cut into s segments at length K."""
-        from reference.schedule import SplitReduce
         if s == 1:
             return None, self.model
         lay = KLayout(self.block, s, 1, segments=True)
@@ -558,8 +563,26 @@ def emulate_schedule(entry: ShapeSchedule, a, b, *, scales_a=None, scales_b=None
     def run(layout, model):
         x, y = (a, b) if layout is None else layout.pad(a, b)
         return emulate(model, x, y, **kw)
-    out = run(entry.layout, entry.model)
-    return out if entry.tiles is None else tile_select(entry.tiles, out, run, entry.shape, rows, cols)
+    return run_schedule(entry, run, entry.shape, rows, cols)
+
+
+def schedule_parts(schedule) -> tuple:
+    """(model, KLayout or None, TileSchedule or None) of a schedule: a GemmModel, a
+    (model, KLayout[, TileSchedule]) tuple or a ShapeSchedule."""
+    if isinstance(schedule, ShapeSchedule):
+        return schedule.model, schedule.layout, schedule.tiles
+    if isinstance(schedule, tuple):
+        return (*schedule, None)[:3]
+    return schedule, None, None
+
+
+def run_schedule(schedule, run, shape, rows=None, cols=None):
+    """A schedule's outputs (``rows`` x ``cols`` of an M x N x K ``shape``; all by default)
+    from a backend's ``run(layout, model)`` (its operands in that K order, that model): the
+    shape's model, with the outputs of a tile schedule's other tiles from their own."""
+    model, layout, tiles = schedule_parts(schedule)
+    out = run(layout, model)
+    return out if tiles is None else tile_select(tiles, out, run, shape, rows, cols)
 
 
 def tile_select(tiles: TileSchedule, out, run, shape, rows=None, cols=None):

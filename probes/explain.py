@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from fp4ref.native import ScheduleTable, ShapeSchedule, environment_key, register_shape_prober
+from fp4ref.native import (ScheduleTable, ShapeSchedule, environment_key, register_shape_prober, run_schedule,
+                            schedule_parts)
 from reference.gemm import GemmModel
 
 from .device import Batch, Device, DeviceError
@@ -239,7 +240,7 @@ def predicted_first(cands: list, split: int | None) -> list:
         return cands
 
     def slices(c):  # the count the library launches with: a layout's, before empty slices drop
-        m, lay, _ = _parts(c)
+        m, lay, _ = schedule_parts(c)
         return lay.split_k if lay is not None else m.split_k or 1
     return sorted(cands, key=lambda c: slices(c) != split)
 
@@ -258,25 +259,12 @@ def _padded(b: Batch, lay) -> Batch:
     return Batch(a2, b2, b.scales_a, b.scales_b, b.alpha, None, b.kind)
 
 
-def _parts(c) -> tuple:
-    """(model, KLayout or None, TileSchedule or None) of a candidate."""
-    if not isinstance(c, tuple):
-        return c, None, None
-    return (*c, None)[:3]
-
-
 def _predict(c, x: Batch, rows, cols, shape, block, run):
     """A candidate's outputs at ``x`` (the batch's rows x cols of an M x N x K result):
-    ``run`` (the simulator or the emulator) on the candidate's padded operands, with a tile
-    schedule's other outputs from its other model."""
-    m, lay, tiles = _parts(c)
-    xp = _padded(x, lay)
-    out = run(m, xp, block)
-    if tiles is None:
-        return out
-    from fp4ref.native import tile_select
-    return tile_select(tiles, out, lambda lay2, m2: run(m2, _padded(x, lay2), block), shape,
-                       _np(rows).astype(np.int64), _np(cols).astype(np.int64))
+    ``run`` (the simulator or the emulator) on the candidate's operands in each of its K
+    orders (fp4ref.native.run_schedule)."""
+    return run_schedule(c, lambda lay, m: run(m, _padded(x, lay), block), shape,
+                        _np(rows).astype(np.int64), _np(cols).astype(np.int64))
 
 
 def _search(cands: list, sub: Batch, want, caps, t_end: float, rows, cols, shape) -> tuple:
@@ -364,11 +352,9 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     if best is None:  # nothing passed the screens: report how well the first candidate does
         best = cands[0] if cands else bases[0].replace(split_k=1, split_tile=None)
         best_n = _same(_predict(best, sub, r, c, shape, dev.caps.block, _emulate), want)
-    model, lay, tiles = _parts(best)
-    if tiles is not None:
-        tail, segs = tiles.split(M, N, K)
-        if segs == 1 or not tail.any():
-            tiles = None  # no tile of this shape runs in segments
+    model, lay, tiles = schedule_parts(best)
+    if tiles is not None and not tiles.active(M, N, K):
+        tiles = None  # no tile of this shape runs in segments
     entry = ShapeSchedule(dev.name, shape, model, tuple(kernels), family, "probe", int(want.numel()),
                           best_n, time.perf_counter() - t0, dev.caps.block, env,
                           layout=lay, predicted_split=predicted, tiles=tiles)

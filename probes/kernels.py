@@ -44,8 +44,7 @@ from fp4ref.native import KWIDTH4_ORDER, KLayout, gather_k
 
 __all__ = ["KernelModel", "KERNEL_MODELS", "device_model", "kernel_models", "models_for_kernels", "kernel_family",
            "kernel_klayout", "kernel_layout", "kernel_operands", "lane_chunks", "row_layouts", "row_tiles",
-           "slice_align",
-           "split_counts"]
+           "slice_align", "split_counts"]
 
 _TC = "F=8 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"    # mma.sync m16n8k8 (bf16/f16/tf32)
 _TC16 = "F=16 align=25:RTZ:esum acc=23:RTZ G=- out=float32:RNE"  # mma.sync m16n8k16
@@ -63,8 +62,8 @@ class KernelModel:
     ``k_order`` K is read in chunks of len(k_order) products in that order (no split); with
     ``lanes`` the kernel keeps up to that many partial sums (a warp's threads), dealt chunks
     of a per-shape width round robin (``lane_chunks``: lanes and width per shape) and combined
-    as the model's split_reduce says (cuBLAS gemv: a halving tree); ``segment_k``: the kernel's ``_on`` variant runs some
-    output tiles in two K segments (``row_tiles``)."""
+    as the model's split_reduce says (cuBLAS gemv: a halving tree); ``segment_k``: the
+    kernel's ``_on`` variant runs some output tiles in several K segments (``row_tiles``)."""
     pattern: str
     devices: tuple[str, ...]
     model: str
@@ -177,10 +176,10 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "device model's G=64). 64x256x32 at 1945x568x13960 (all 32 sampled outputs unsplit) and "
         "273x1608x12664 (all split, 6336 + 6328); 128x256x32 at 2223x2468x9324 (n-tiles 0, 3 and "
         "m-tile 13 x n-tile 7 unsplit: 17; the other 15 split 4672 + 4652). Misses: G=64 32/32 per "
-        "dump. Which tiles run two segments is a rule of the shape (fp4ref.native.segment_k_tail: the "
-        "last partial wave when it fills at most half the SMs), not of the launch: session 15 dumps, "
-        "one output per 64 x 64 tile, three launches identical, 1798/1800 outputs "
-        "(scripts/fit_segment_k.py)",
+        "dump. Which tiles run in segments, and how many, is a rule of the shape "
+        "(fp4ref.native.segment_k_split: the last partial wave fills the SMs), not of the launch: "
+        "session 15 dumps, one output per 64 x 64 tile and whole corner tiles, three launches "
+        "identical, 12704/12963 outputs over 8 shapes (s = 2, 3, 4, 15; scripts/fit_segment_k.py)",
         k_tile=None, split_align=32, segment_k=True),
     KernelModel(
         r"^mm_fp8", ("triton-dot-e4m3-imprecise-0",), _TC16,

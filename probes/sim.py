@@ -683,8 +683,9 @@ def _started(plans: list, Z: int):
 def _run_uniform(F, K, offset, plans, rows, prods, scale_prod, fallback, pe, ref) -> np.ndarray:
     """Steps of width F over K for every row; at each step end the rows whose plan ends a
     group there round it into their outer accumulator (cross-group rounding), the rows
-    whose plan ends a slice add that into their total (split-K, in order), or, under
-    ``SplitReduce.TREE``, keep it apart for the halving tree at the end (``_tree``)."""
+    whose plan ends a slice add that into their total (split-K, in order), or, when their
+    plan combines slices otherwise (``SplitReduce`` TREE / PAIRWISE), keep it apart for
+    ``_tree`` at the end."""
     psp, pneg, pmag, pq = prods
     R = len(plans)
     acc, outer, total = _zeros(R), _zeros(R), _zeros(R)
@@ -727,7 +728,7 @@ def _run_uniform(F, K, offset, plans, rows, prods, scale_prod, fallback, pe, ref
             if len(idx):
                 _set_outer(total, total_ok, idx, tuple(x[idx] for x in outer), rows.rne[idx], False)
             tidx = np.nonzero(slice_end & tree)[0]
-            if len(tidx):  # TREE: the slice's result kept in its place
+            if len(tidx):  # not in order: the slice's result kept in its place
                 sl_of = sidx[pidx[tidx], j]
                 for s in np.unique(sl_of):
                     ri = tidx[sl_of == s]
@@ -749,9 +750,12 @@ def _tree(total, parts, tree_u, pidx, uplans, rne) -> None:
     """total[r] = parts[0..n)[r] combined per the plan's split_reduce (``reduce_levels``,
     ``Schedule.combine``) for the rows r of the plans ``tree_u`` marks: each level's adds as
     one batch (FP32 RNE)."""
-    keys = [(len(p.slices), p.split_reduce) for p in uplans]
-    for key in sorted({keys[u] for u in np.unique(pidx) if tree_u[u]}, key=lambda k: (k[0], k[1].value)):
-        ri = np.nonzero(tree_u[pidx] & np.array([keys[u] == key for u in pidx], bool))[0]
+    keys = sorted({(len(p.slices), p.split_reduce.value) for p, t in zip(uplans, tree_u) if t})
+    kid = np.array([keys.index((len(p.slices), p.split_reduce.value)) if t else -1
+                    for p, t in zip(uplans, tree_u)])[pidx]   # per row: its (slices, reduce) key
+    for k, (n, mode) in enumerate(keys):
+        key = (n, SplitReduce(mode))
+        ri = np.nonzero(kid == k)[0]
         v = [tuple(x[ri] for x in part) for part in parts[:key[0]]]
         m = len(ri)
         for level in reduce_levels(key[1], key[0]):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fp4ref.gridround import GridFormat, round_int, unpack_ieee
-from fp4ref.native import tile_select
+from fp4ref.native import run_schedule, schedule_parts
 from reference.formats import FORMATS, get_format
 from reference.gemm import GemmModel
 from reference.rounding import Mode, Overflow
@@ -187,12 +187,11 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
             break
         try:
             a, b, sa, sb, alpha, got = random_batch(device, M, N, K, rng, kind)
-            here, lay, tiles = _schedule(shape_models.get((M, N, K), model))
-            a2, b2 = (a, b) if lay is None else lay.pad(a, b)
-            exp = simulate_gemm(here, a2, b2, scales_a=sa, scales_b=sb, block=caps.block, alpha=alpha)
-            if tiles is not None:  # per output tile: its segments (a, b in the tiles' own K order)
-                exp = tile_select(tiles, exp, lambda lay2, m2: simulate_gemm(
-                    m2, *((a, b) if lay2 is None else lay2.pad(a, b)), alpha=alpha), (M, N, K))
+            sched = shape_models.get((M, N, K), model)
+            here = schedule_parts(sched)[0]
+            exp = run_schedule(sched, lambda lay, m: simulate_gemm(
+                m, *((a, b) if lay is None else lay.pad(a, b)), scales_a=sa, scales_b=sb, block=caps.block,
+                alpha=alpha), (M, N, K))
             # the first batch, and every batch the model misses, is sent twice: intermittent
             # noise shows as two answers to one question, not as a model that does not fit
             if repeat_check and (n == 0 or not np.array_equal(exp, got)):
@@ -229,11 +228,6 @@ def validate(device: Device, model: GemmModel, *, outputs: int = 100_000, seed: 
         res.record["errors"] = list(res.errors)
     res.wall_s = time.perf_counter() - t0
     return res
-
-
-def _schedule(entry) -> tuple:
-    """(model, KLayout or None, TileSchedule or None) of a shape_models value."""
-    return (*entry, None)[:3] if isinstance(entry, tuple) else (entry, None, None)
 
 
 def _repeat(device, ops, got, shape, res) -> None:

@@ -143,10 +143,10 @@ def short(m: GemmModel, *, name: bool = False) -> str:
         g.append(m.outer_mode.name)
     g += ["chain"] if m.chain else []
     t += ["align=" + ":".join(al), "acc=" + ":".join(acc), "G=" + ":".join(g)]
-    tree = m.split_reduce is not SplitReduce.SERIAL
-    if m.split_k != 1 or m.split_tile is not None or tree:
+    unordered = m.split_reduce is not SplitReduce.SERIAL
+    if m.split_k != 1 or m.split_tile is not None or unordered:
         t.append(f"split={m.split_k}" + (f"/T{m.split_tile}" if m.split_tile is not None else "")
-                 + (":" + m.split_reduce.value if tree else ""))
+                 + (":" + m.split_reduce.value if unordered else ""))
     if m.scale_point is not ScalePoint.PRODUCT:
         t.append(f"scale={m.scale_point.value}")
     if m.lattice is not None:

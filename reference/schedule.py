@@ -36,14 +36,14 @@ How ``Schedule.run`` walks a plan (c: a chain model's initial accumulator, defau
     total = combine(parts)                     # split-K: plan.split_reduce, each add FP32 RNE
     then lattice, alpha (model.alpha_mode), output rounding (the model's epilogue)
 
-``combine`` (``SplitReduce``; every add FP32 RNE, ``Arithmetic.add_slices``): SERIAL adds
-the n slice results in order, left to right; TREE halves (cuBLAS's fp32 gemv: an xor-shuffle
-butterfly over 32 lane partials, lane 0's result)::
+``combine`` (``SplitReduce``; every add FP32 RNE, ``Arithmetic.add_slices``) walks
+``reduce_levels``: SERIAL adds the n slice results in order, left to right; TREE halves
+(cuBLAS's fp32 gemv: an xor-shuffle butterfly over the lane partials, lane 0's result);
+PAIRWISE adds the first floor(n/2) and the rest, each half combined likewise (cuBLAS's tf32
+segment-K partials)::
 
-    while n > 1:
-        h = ceil(n / 2)
-        for i in range(n - h): v[i] = round(v[i] + v[i + h], FP32, RNE)
-        n = h
+    for level in reduce_levels(plan.split_reduce, n):   # TREE: h = ceil(n/2), n -> h
+        for dst, src in level: v[dst] = round(v[dst] + v[src], FP32, RNE)
     total = v[0]
 
 With ``plan.scales`` PRODUCT each product is multiplied exactly by its block's two scales

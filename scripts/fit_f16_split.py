@@ -43,9 +43,10 @@ def _rtz24(S, q):
     return np.ldexp(m.astype(np.float64), (q + sh).astype(np.int64))
 
 
-def mma_chain(a, b, acc=None, F=8):
+def mma_chain(a, b, acc=None, F=8, p=25):
     """a [R, L], b [R, L] (float64 fp16 values, pairs per output row), L % F == 0: the
-    accumulator after L / F fused steps starting from ``acc`` (float64 holding fp32)."""
+    accumulator after L / F fused steps starting from ``acc`` (float64 holding fp32), each
+    step's terms truncated ``p`` bits below its largest exponent."""
     R, L = a.shape
     acc = np.zeros(R) if acc is None else acc.copy()
     P = a * b  # exact: 11 x 11 bits
@@ -53,14 +54,14 @@ def mma_chain(a, b, acc=None, F=8):
     X = np.where(nz, _flog2(np.where(a != 0, a, 1.0)) + _flog2(np.where(b != 0, b, 1.0)), -10 ** 6)
     BIG = -10 ** 6
     for s in range(0, L, F):
-        p = P[:, s:s + F]
+        pp = P[:, s:s + F]
         x = X[:, s:s + F]
         ea = np.where(acc != 0, _flog2(np.where(acc != 0, acc, 1.0)), BIG)
         emax = np.maximum(x.max(1), ea)
         live = emax > BIG // 2
-        q = np.where(live, emax - 25, 0)
+        q = np.where(live, emax - p, 0)
         sc = np.ldexp(1.0, -q)
-        tp = np.trunc(p * sc[:, None]).astype(np.int64)
+        tp = np.trunc(pp * sc[:, None]).astype(np.int64)
         ta = np.trunc(acc * sc).astype(np.int64)
         S = ta + tp.sum(1)
         new = _rtz24(S, q)

@@ -15,35 +15,16 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.fit_f16_split import _flog2, _rtz24, f32, reduce_seq, reduce_tree  # noqa: E402
-
-
-def mma_chain(a, b, F=8, p=25):
-    R, L = a.shape
-    acc = np.zeros(R)
-    P = a * b
-    nz = (a != 0) & (b != 0)
-    BIG = -10 ** 6
-    X = np.where(nz, _flog2(np.where(a != 0, a, 1.0)) + _flog2(np.where(b != 0, b, 1.0)), BIG)
-    for s in range(0, L, F):
-        pp = P[:, s:s + F]
-        x = X[:, s:s + F]
-        ea = np.where(acc != 0, _flog2(np.where(acc != 0, acc, 1.0)), BIG)
-        emax = np.maximum(x.max(1), ea)
-        live = emax > BIG // 2
-        q = np.where(live, emax - p, 0)
-        sc = np.ldexp(1.0, -q)
-        tp = np.trunc(pp * sc[:, None]).astype(np.int64)
-        ta = np.trunc(acc * sc).astype(np.int64)
-        acc = np.where(live, _rtz24(ta + tp.sum(1), q), acc)
-    return acc
+from scripts.fit_f16_split import f32, mma_chain, reduce_seq, reduce_tree  # noqa: E402
+from scripts.fit_f16_split import residue_first_pad  # noqa: E402
 
 
 def pad_first(lo, hi, kt, F):
-    r = (hi - lo) % kt
-    if r:
-        return np.concatenate([np.arange(lo, lo + r), np.full(kt - r, -1), np.arange(lo + r, hi)])
-    return np.arange(lo, hi)
+    """Partial tile first, zero-filled after its products (fit_f16_split's, any k-tile)."""
+    return residue_first_pad(lo, hi, kt)
+
+
+
 
 
 def pad_first_front(lo, hi, kt, F):
@@ -72,7 +53,7 @@ def partials(A, B, bounds, pad, kt, F, p=25):
         z = idx < 0
         a = np.where(z[None], 0.0, A[:, k].astype(np.float64))[I]
         b = np.where(z[:, None], 0.0, B[k, :].astype(np.float64)).T[J]
-        out.append(mma_chain(a, b, F, p))
+        out.append(mma_chain(a, b, F=F, p=p))
     return np.array(out)
 
 

@@ -207,19 +207,26 @@ def order_search(S=48, W=8, iters=20000, seed=0):
     return found
 
 
-def global_order_search(S=48, W=8, iters=20000, seed=0, start=None):
-    """One combine order for all outputs (a fixed lock order): insertion-move descent."""
+def _order_cost(S, W):
+    """cost(order) of adding the S interleaved W-wide slices' results in ``order``: 1000 per
+    output off, plus the ulps off (capped at 50 each)."""
     a, b, out = load()
     K = a.shape[1]
     P = (a.astype(np.float64)[:, None, :] * b.T.astype(np.float64)[None, :, :]).reshape(-1, K)
     v = chains(P, interleaved(K, W, S))
     w = out.reshape(-1).astype(np.float64)
     ulp = np.spacing(np.abs(out.reshape(-1))).astype(np.float64)
-    rng = np.random.default_rng(seed)
 
     def cost(p):
         dd = np.abs(serial_perm(v, p) - w) / ulp
         return (dd != 0).sum() * 1000 + np.minimum(dd, 50).sum()
+    return cost
+
+
+def global_order_search(S=48, W=8, iters=20000, seed=0, start=None):
+    """One combine order for all outputs (a fixed lock order): insertion-move descent."""
+    cost = _order_cost(S, W)
+    rng = np.random.default_rng(seed)
     p = list(range(S)) if start is None else list(start)
     cb = cost(p)
     for it in range(iters):
@@ -440,17 +447,8 @@ def one_move(S=48, W=8):
 
 
 def anneal_global(S=48, W=8, iters=60000, seed=0, T0=3000.0):
-    a, b, out = load()
-    K = a.shape[1]
-    P = (a.astype(np.float64)[:, None, :] * b.T.astype(np.float64)[None, :, :]).reshape(-1, K)
-    v = chains(P, interleaved(K, W, S))
-    w = out.reshape(-1).astype(np.float64)
-    ulp = np.spacing(np.abs(out.reshape(-1))).astype(np.float64)
+    cost = _order_cost(S, W)
     rng = np.random.default_rng(seed)
-
-    def cost(p):
-        dd = np.abs(serial_perm(v, p) - w) / ulp
-        return (dd != 0).sum() * 1000 + np.minimum(dd, 50).sum()
     p = list(range(S))
     cc = cost(p)
     best = (cc, p)
