@@ -33,7 +33,7 @@ from .sim import output_bits, simulate_gemm
 
 __all__ = ["explain_shape", "split_candidates", "candidate_models", "probe_shape", "ShapeSchedule",
            "ScheduleTable", "kernel_hints", "crafted_split_probe", "boundary_positions", "rank_by_probe",
-           "cublaslt_heuristic"]
+           "cublaslt_heuristic", "crafted_combine_probe", "order_from_distances", "slice_ks"]
 
 SCREEN = (4, 16)  # rows = columns of the simulator screens before the emulated confirmation
 
@@ -136,15 +136,153 @@ def crafted_split_probe(dev: Device, shape, positions: list):
         a = torch.zeros(M, K, device=where)  # float32: X, s and 0 are exact in every operand format here
         b = torch.zeros(K, N, device=where)
         a[i, 0], b[0, i], a[i, p], b[p, i], a[i, q], b[q, i] = X, X, -X, X, s, s
-        alpha = None
-        if caps.alpha == "tensorwise":
-            alpha = (1.0, 1.0)
-        elif caps.alpha == "rowwise":
-            alpha = (torch.ones(M), torch.ones(N))
-        got = dev.call_tensors(dev.batch_from(a, b, alpha=alpha))
+        got = dev.call_tensors(dev.batch_from(a, b, alpha=_unit_alpha(caps, M, N)))
         d = got.diagonal()[: len(chunk)].cpu()
         out.update({x: bool(d[j] == 0) for j, x in enumerate(chunk)})
     return out
+
+
+def _unit_alpha(caps, M: int, N: int):
+    import torch
+    if caps.alpha == "tensorwise":
+        return (1.0, 1.0)
+    if caps.alpha == "rowwise":
+        return (torch.ones(M), torch.ones(N))
+    return None
+
+
+def slice_ks(cand, K: int) -> list:
+    """One k of each split-K slice of a candidate (a model, or (model, KLayout[, tiles])),
+    in slice order: the middle one of the slice's own (not zero-filled) positions."""
+    model, lay, _ = schedule_parts(cand)
+    if lay is None:
+        sl = _cells(model, K)[0]
+        return [int(np.nonzero(sl == s)[0][(sl == s).sum() // 2]) for s in range(int(sl.max()) + 1)]
+    index, lens = lay.index(K)
+    out, lo = [], 0
+    for n in lens:
+        own = [int(k) for k in index[lo:lo + n] if k >= 0]
+        lo += n
+        if own:
+            out.append(own[len(own) // 2])
+    return out
+
+
+def crafted_combine_probe(dev: Device, shape, ks: list, max_calls: int = 16):
+    """The order in which the device adds its split-K slice results at ``shape`` (a
+    SplitOrder; SERIAL when in slice order), read from crafted calls; None when the formats
+    cannot carry the probe, it needs over ``max_calls`` calls, or the outputs are not those
+    of any chain of groups (then the candidate keeps its order).
+
+    ``ks``: one k per slice (``slice_ks``).  Output (i, j) gets slice r_i = +X*u, slice s_j =
+    -X*u and every other slice u*u (one nonzero product per slice; X/u >= 2^25 * S, so a
+    partial holding +-X*u absorbs any count of u*u).  Wherever the two meet, +X*u - X*u = 0
+    exactly; the u*u already added to either are lost, those added later kept.  So for any
+    binary combine tree the output is (S - size of the subtree where r and s meet) * u*u:
+    a distance that fixes the tree (agglomeration by increasing size).  Every column that
+    repeats a probe slice must agree (one order across the output tiles read)."""
+    import torch
+    from reference.formats import get_format
+    caps, (M, N, K), S = dev.caps, shape, len(ks)
+    if caps.block_scaled or S < 3:
+        return None
+    fa, fo = get_format(caps.a_format), get_format(caps.output)
+    # X*u and u*u normal, u = 1 where the formats allow it, X/u >= 2^25 * S
+    ex = min(40, math.floor(math.log2(float(fa.max_finite))) - 1)
+    top = ex - 25 - math.ceil(math.log2(S))
+    eu = max(math.ceil(math.log2(float(fa.min_normal))), math.ceil(math.log2(float(fo.min_normal)) / 2) + 1,
+             min(0, top))
+    if eu > top or -(-S // M) * -(-S // N) > max_calls:
+        return None
+    X, u, where = 2.0 ** ex, 2.0 ** eu, dev.torch_device
+    kt = torch.tensor(ks, device=where)
+    D = np.full((S, S), -1, np.int64)
+    for r0 in range(0, S, M):
+        refs = torch.arange(r0, min(S, r0 + M), device=where)
+        for c0 in range(0, S, N):
+            probes = (c0 + torch.arange(N, device=where) % min(S - c0, N)) % S
+            a = torch.full((M, K), 0.0, device=where)
+            b = torch.full((K, N), 0.0, device=where)
+            a[:, kt] = u
+            b[kt, :] = u
+            a[torch.arange(len(refs), device=where), kt[refs]] = X
+            b[kt[probes], torch.arange(N, device=where)] = -X
+            got = dev.call_tensors(dev.batch_from(a, b, alpha=_unit_alpha(caps, M, N)))
+            cnt = (got[:len(refs)].double() / (u * u)).cpu().numpy()
+            for j, s in enumerate(probes.tolist()):
+                for i, r in enumerate(refs.tolist()):
+                    if r == s:
+                        continue
+                    d = S - cnt[i, j]
+                    if d != round(d) or (D[r, s] >= 0 and D[r, s] != d):
+                        return None  # not a count, or the output tiles disagree
+                    D[r, s] = D[s, r] = int(d)
+    return order_from_distances(D)
+
+
+def order_from_distances(D: np.ndarray):
+    """The SplitOrder whose combine tree has these meeting sizes (D[r, s]: leaves of the
+    smallest subtree holding r and s; -1 unknown: every merge must be witnessed by a known
+    pair), SERIAL for slice order; None when no chain of groups has them."""
+    from reference.schedule import SplitOrder, SplitReduce
+    S = len(D)
+    off = np.delete(D.reshape(-1), np.arange(0, S * S, S + 1))
+    if ((off >= 0) & (off < 2)).any():
+        return None
+    node = {i: i for i in range(S)}                 # union-find root -> subtree
+    root = list(range(S))
+
+    def find(x):
+        while root[x] != x:
+            x = root[x]
+        return x
+    for d, r, s in sorted((int(D[r, s]), r, s) for r in range(S) for s in range(r + 1, S) if D[r, s] >= 0):
+        a, b = find(r), find(s)
+        if a == b:
+            continue
+        sub = (node[a], node[b])
+        if _leaves(sub) != d:
+            return None                             # not a tree with these sizes
+        root[b], node[a] = a, sub
+    if len({find(i) for i in range(S)}) != 1:
+        return None                                 # too few pairs known to join them all
+    groups = _chain(node[find(0)])
+    if groups is None:
+        return None
+    while len(groups) > 1 and len(groups[1]) == 1:  # leading singles: one group, same adds
+        groups = [groups[0] + groups[1]] + groups[2:]
+    if [g for grp in groups for g in grp] == list(range(S)) and all(len(g) == 1 for g in groups[1:]):
+        return SplitReduce.SERIAL
+    return SplitOrder(tuple(groups))
+
+
+def _leaves(t) -> int:
+    return 1 if isinstance(t, int) else _leaves(t[0]) + _leaves(t[1])
+
+
+def _group(t):
+    """A subtree as one group ((a + b) + c ...: every right child a leaf), else None."""
+    if isinstance(t, int):
+        return (t,)
+    left, right = t if isinstance(t[1], int) else (t[1], t[0])
+    if not isinstance(right, int):
+        return None
+    g = _group(left)
+    return None if g is None else g + (right,)
+
+
+def _chain(t):
+    """A tree as a chain of groups (the larger child continues the chain), else None."""
+    if isinstance(t, int):
+        return [(t,)]
+    a, b = sorted(t, key=_leaves, reverse=True)
+    for rest, grp in ((a, b), (b, a)):
+        g = _group(grp)
+        if g is not None:
+            c = _chain(rest)
+            if c is not None:
+                return c + [g]
+    return None
 
 
 def rank_by_probe(cands: list, K: int, zero: dict | None) -> list:
@@ -252,6 +390,26 @@ def heuristic_split(device_name: str, shape) -> int | None:
     return s if isinstance(s, int) and 1 <= s < 1 << 16 else None
 
 
+def _reordered(dev: Device, shape, cand):
+    """``cand`` with its split-K slice results added in the order the device adds them
+    (``crafted_combine_probe``), or None: not a serial split of 3 or more slices, or the
+    device adds them in slice order, or the probe cannot tell."""
+    from reference.schedule import SplitReduce
+    model, lay, tiles = schedule_parts(cand)
+    if tiles is not None or model.split_k < 3 or model.split_reduce is not SplitReduce.SERIAL:
+        return None
+    ks = slice_ks(cand, shape[2])
+    if len(ks) != model.split_k:
+        return None
+    try:
+        order = crafted_combine_probe(dev, shape, ks)
+    except DeviceError:
+        return None
+    if order is None or order is SplitReduce.SERIAL:
+        return None
+    return model.replace(split_reduce=order) if lay is None else (model.replace(split_reduce=order), lay)
+
+
 def _padded(b: Batch, lay) -> Batch:
     if lay is None:
         return b
@@ -298,7 +456,10 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     calls (``crafted_split_probe``: where K is cut) that rank the candidates
     (``base_model``, ``extra_models``, the kernel hints, each with its split-K schedules);
     each is screened on 4 x 4 and 16 x 16 outputs by the numpy simulator, the first
-    survivor confirmed on ``outputs`` sampled outputs by fp4ref.gemm.emulate.  No candidate
+    survivor confirmed on ``outputs`` sampled outputs by fp4ref.gemm.emulate.  When none is
+    exact, the best and the first three candidates (split-K of 3 or more slices, added in
+    order) are tried again with the order the device adds its slices in
+    (``crafted_combine_probe``, a few more calls).  No candidate
     confirmed: the best confirmed one (most matches; else the base model) is returned with
     ``exact`` False.  The result is added to ``table``.
 
@@ -352,6 +513,16 @@ def explain_shape(dev: Device, shape, *, base_model: GemmModel, table: ScheduleT
     if best is None:  # nothing passed the screens: report how well the first candidate does
         best = cands[0] if cands else bases[0].replace(split_k=1, split_tile=None)
         best_n = _same(_predict(best, sub, r, c, shape, dev.caps.block, _emulate), want)
+    if best_n < want.numel():  # the slices may be right and their combine order not:
+        seen, again = set(), []     # the best and the crafted probe's first candidates, reordered
+        for cand in [best] + cands[:3]:
+            x = None if cand is None or repr(cand) in seen else _reordered(dev, shape, cand)
+            seen.add(repr(cand))
+            again += [x] if x is not None else []
+        t_end = max(t0 + budget_s, time.perf_counter() + budget_s / 3)  # its own share
+        b2, n2 = _search(again, sub, want, dev.caps, t_end, r, c, shape)
+        if n2 > best_n:
+            best, best_n = b2, n2
     model, lay, tiles = schedule_parts(best)
     if tiles is not None and not tiles.active(M, N, K):
         tiles = None  # no tile of this shape runs in segments

@@ -750,11 +750,12 @@ def _tree(total, parts, tree_u, pidx, uplans, rne) -> None:
     """total[r] = parts[0..n)[r] combined per the plan's split_reduce (``reduce_levels``,
     ``Schedule.combine``) for the rows r of the plans ``tree_u`` marks: each level's adds as
     one batch (FP32 RNE)."""
+    modes = {p.split_reduce.value: p.split_reduce for p, t in zip(uplans, tree_u) if t}
     keys = sorted({(len(p.slices), p.split_reduce.value) for p, t in zip(uplans, tree_u) if t})
     kid = np.array([keys.index((len(p.slices), p.split_reduce.value)) if t else -1
                     for p, t in zip(uplans, tree_u)])[pidx]   # per row: its (slices, reduce) key
     for k, (n, mode) in enumerate(keys):
-        key = (n, SplitReduce(mode))
+        key = (n, modes[mode])
         ri = np.nonzero(kid == k)[0]
         v = [tuple(x[ri] for x in part) for part in parts[:key[0]]]
         m = len(ri)

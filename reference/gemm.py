@@ -75,7 +75,7 @@ from .errors import check_choice, parse_enum
 from .exact import Exact, Kind, NAN, exact, floor_log2, pow2
 from .formats import FORMATS, FormatSpec, Specials, get_format
 from .rounding import Mode, Overflow, InfPolicy, NanPolicy, Policy, Subnormal, encode
-from .schedule import AlignRef, Operand, ScaleAt, ScalePoint, Schedule, SplitReduce
+from .schedule import AlignRef, Operand, ScaleAt, ScalePoint, Schedule, SplitOrder, SplitReduce
 
 __all__ = ["ScalePoint", "AlignRef", "SplitReduce", "AlphaMode", "GemmModel", "Schedule", "PRESETS",
            "get_preset", "dot", "matmul", "split_bounds", "accumulator_format", "round_fp", "round_fp32",
@@ -121,9 +121,9 @@ class GemmModel:
     overflow_inf: bool = False       # fused sum >= 2^128 in magnitude -> +-Inf
     exp_formats: tuple | None = None  # (a, b, scale) formats for SCALE_EXPONENT_SUM (None: FP32)
     # How split-K slice results are combined (SERIAL: in order; TREE: halving tree, cuBLAS
-    # fp32 gemv; PAIRWISE: recursive halves, cuBLAS tf32 segment-K).  Omitted from to_dict
-    # when SERIAL.
-    split_reduce: SplitReduce = SplitReduce.SERIAL
+    # fp32 gemv; PAIRWISE: recursive halves, cuBLAS tf32 segment-K; a SplitOrder: a chain of
+    # groups measured at a shape).  Omitted from to_dict when SERIAL.
+    split_reduce: SplitReduce | SplitOrder = SplitReduce.SERIAL
 
     def __post_init__(self):
         """Check every field: a bad value is a ValueError naming the field, the value and
@@ -141,6 +141,7 @@ class GemmModel:
             object.__setattr__(self, "lattice", lat)
         for f, cls in _ENUM_FIELDS:
             object.__setattr__(self, f, parse_enum(f"GemmModel.{f}", getattr(self, f), cls))
+        self._check_order()
         if self.align_mode not in _ALIGN_MODES:
             _bad("align_mode", self.align_mode.name, ", ".join(m.name for m in _ALIGN_MODES))
         for f in ("norm_mode", "outer_mode", "output_mode"):
@@ -159,6 +160,18 @@ class GemmModel:
             if not isinstance(v, int) or isinstance(v, bool) or v < low or (
                     name == "acc_frac_bits" and v > 60):
                 _bad(name, v, valid)
+
+    def _check_order(self):
+        """split_reduce: a SplitReduce (member, name or value) or a measured SplitOrder (or
+        its ``order=...`` text) naming exactly split_k slices."""
+        v = self.split_reduce
+        if isinstance(v, str) and v.startswith("order="):
+            v = SplitOrder.parse(v)
+        if not isinstance(v, SplitOrder):
+            v = parse_enum("GemmModel.split_reduce", v, SplitReduce)
+        elif v.n != self.split_k:
+            _bad("split_reduce", v.value, f"an order of exactly split_k = {self.split_k} slices")
+        object.__setattr__(self, "split_reduce", v)
 
     def _check_blackwell(self):
         for f in ("chain", "overflow_inf"):
@@ -192,6 +205,8 @@ class GemmModel:
     # --- serialization (JSON-friendly, used by reports and baselines) ----------
     def to_dict(self) -> dict:
         d = asdict(self)
+        if isinstance(self.split_reduce, SplitOrder):
+            d["split_reduce"] = self.split_reduce.value
         for k in _OMIT_DEFAULT:  # absent == default: older baselines stay comparable
             if d[k] == _FIELD_DEFAULTS[k]:
                 del d[k]
@@ -237,7 +252,7 @@ _INT_FIELDS = (("fma_width", 1, False, "an int >= 1"), ("split_k", 1, False, "an
                ("exact_group", 1, True, "None or an int >= 1"))
 _ENUM_FIELDS = (("align_mode", Mode), ("align_ref", AlignRef), ("norm_mode", Mode), ("outer_mode", Mode),
                 ("output_mode", Mode), ("acc_subnormal", Subnormal), ("scale_point", ScalePoint),
-                ("alpha_mode", AlphaMode), ("split_reduce", SplitReduce))
+                ("alpha_mode", AlphaMode))
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(GemmModel)}
 _OMIT_DEFAULT = ("exact_group", "chain", "overflow_inf", "exp_formats", "split_reduce")
 

@@ -49,6 +49,7 @@ from fractions import Fraction
 
 from .errors import parse_enum
 from .gemm import AlignRef, AlphaMode, GemmModel, ScalePoint, SplitReduce, get_preset
+from .schedule import SplitOrder
 from .rounding import Mode, Subnormal
 
 __all__ = ["PARAMETERS", "ALIASES", "to_dict", "from_dict", "partition", "short", "parse_short",
@@ -81,7 +82,8 @@ PARAMETERS = {
     "exp_formats": "null or [a, b, scale]: the formats whose exponents SCALE_EXPONENT_SUM aligns at",
     "split_reduce": "how the split-K slice results are combined (each add FP32 RNE): SERIAL in order "
                     "(default), TREE a halving tree v[i] += v[i + ceil(n/2)] (cuBLAS fp32 gemv), PAIRWISE "
-                    "by recursive halves, the first floor(n/2) then the rest (cuBLAS tf32 segment-K)",
+                    "by recursive halves, the first floor(n/2) then the rest (cuBLAS tf32 segment-K), or "
+                    "'order=0+24+47,1+25,...' a measured chain of groups (reference.schedule.SplitOrder)",
 }
 
 # Other spellings older writers used -> GemmModel field.
@@ -202,8 +204,11 @@ def _p_group(v, kw):
 
 def _p_split(v, kw):
     v, *rest = v.split(":")
-    valid = [r.value for r in SplitReduce if r is not SplitReduce.SERIAL]
+    valid = [r.value for r in SplitReduce if r is not SplitReduce.SERIAL] + ["order=G,G,... (G: slices joined by +)"]
     for p in rest:
+        if p.startswith("order="):
+            kw["split_reduce"] = SplitOrder.parse(p)
+            continue
         if p not in valid:
             raise ValueError(f"short form: split: unknown part {p!r}; valid: {', '.join(valid)}")
         kw["split_reduce"] = SplitReduce(p)
@@ -347,6 +352,11 @@ def _epilogue_words(m: GemmModel) -> list[str]:
             out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then combined by a "
                        "halving tree in FP32 (RNE): of n partial results, each i < n - ceil(n/2) adds "
                        "result i + ceil(n/2), leaving ceil(n/2), until one is left.")
+        elif isinstance(m.split_reduce, SplitOrder):
+            out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then combined "
+                       "in a measured order in FP32 (RNE): each group (slices joined by +) added in "
+                       "its order, then the group sums in order: "
+                       + m.split_reduce.value[len("order="):] + ".")
         elif m.split_reduce is SplitReduce.PAIRWISE:
             out.append(f"K is split into {m.split_k} slices{tile} reduced separately, then combined "
                        "pairwise in FP32 (RNE): the first floor(n/2) partial results and the rest, "

@@ -62,7 +62,7 @@ from .rounding import Mode
 if TYPE_CHECKING:  # pragma: no cover
     from .gemm import GemmModel
 
-__all__ = ["ScalePoint", "AlignRef", "SplitReduce", "ScaleAt", "Operand", "ExpFactor", "Step",
+__all__ = ["ScalePoint", "AlignRef", "SplitReduce", "SplitOrder", "ScaleAt", "Operand", "ExpFactor", "Step",
            "Group", "Slice", "Schedule", "Arithmetic", "plan", "build", "split_bounds", "acc_exp_floor", "reduce_levels"]
 
 
@@ -85,11 +85,68 @@ class SplitReduce(enum.Enum):
     PAIRWISE = "pairwise"  # recursive halves: (first floor(n/2)) + (the rest), each half likewise
 
 
-def reduce_levels(mode: SplitReduce, n: int) -> tuple:
+@dataclass(frozen=True)
+class SplitOrder:
+    """A measured combine order: a chain of groups.  Each group's slice results are added in
+    its order, then the group sums in the chain's order (every add FP32 RNE).  Read at a
+    shape by crafted operands (``probes.explain.crafted_combine_probe``), e.g. cuBLAS fp32's
+    sm80_xmma 32x128x8 in-place split-K at 26x1402x11025 on the H200:
+    ``0+24+47,1+25,2+26,...,22+46,23``.  SERIAL is the one-slice-per-group chain."""
+    groups: tuple
+
+    def __post_init__(self):
+        g = tuple(tuple(int(i) for i in grp) for grp in self.groups)
+        flat = sorted(i for grp in g for i in grp)
+        if not g or any(not grp for grp in g) or flat != list(range(len(flat))):
+            raise ValueError(f"SplitOrder.groups: {self.groups!r} must list every slice 0..n-1 "
+                             "exactly once, in non-empty groups")
+        object.__setattr__(self, "groups", g)
+
+    @property
+    def n(self) -> int:
+        return sum(len(g) for g in self.groups)
+
+    @property
+    def value(self) -> str:
+        """The short form's part: ``order=0+24+47,1+25,...``."""
+        return "order=" + ",".join("+".join(str(i) for i in g) for g in self.groups)
+
+    @classmethod
+    def parse(cls, text: str) -> "SplitOrder":
+        body = text[len("order="):] if text.startswith("order=") else text
+        try:
+            return cls(tuple(tuple(int(x) for x in g.split("+")) for g in body.split(",")))
+        except ValueError as e:
+            raise ValueError(f"split order: {text!r} is not 'order=' followed by groups of slice "
+                             f"numbers joined by '+', groups separated by ','; {e}") from None
+
+    def levels(self) -> tuple:
+        """``reduce_levels`` of this order.  Each add is hosted where slice 0 is (adds commute
+        bit for bit), else at its left operand's host, so the result lands in v[0]."""
+        host = lambda grp: 0 if 0 in grp else grp[0]  # noqa: E731
+        out: dict = {}
+        for grp in self.groups:             # a group: serial, its sum at host(grp)
+            for j in range(1, len(grp)):
+                dst = host(grp[:j])
+                out.setdefault(j, []).append((dst, grp[j]) if grp[j] != 0 else (0, dst))
+        depth = max((len(g) for g in self.groups), default=1)
+        seen = self.groups[0]
+        for k, grp in enumerate(self.groups[1:]):  # the chain: one add per level, after the groups
+            a, b = host(seen), host(grp)
+            out.setdefault(depth + k, []).append((a, b) if b != 0 else (b, a))
+            seen = seen + grp
+        return tuple(tuple(out[d]) for d in sorted(out))
+
+
+def reduce_levels(mode, n: int) -> tuple:
     """The adds combining n slice results, as levels of independent (dst, src) pairs: v[dst]
     = v[dst] + v[src], level by level; the result is v[0].  SERIAL: (0, 1), (0, 2), ...;
     TREE: cuBLAS gemv's warp butterfly; PAIRWISE: cuBLAS segment-K's partials (H200 dumps:
-    3 segments (0, (1, 2)), 15 as 7 + 8)."""
+    3 segments (0, (1, 2)), 15 as 7 + 8); a ``SplitOrder``: its groups, then its chain."""
+    if isinstance(mode, SplitOrder):
+        if mode.n != n:
+            raise ValueError(f"split order: {mode.value} names {mode.n} slices, the plan has {n}")
+        return mode.levels()
     if mode is SplitReduce.SERIAL:
         return tuple(((0, j),) for j in range(1, n))
     if mode is SplitReduce.TREE:
