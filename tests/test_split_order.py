@@ -210,3 +210,17 @@ def test_h200_probe_outputs_give_the_order_and_it_fits():
     assert (_u32(fit) == _u32(native)).all()
     serial = emulate(model, x, y).numpy()
     assert (_u32(serial) != _u32(native)).sum() > native.size // 2
+
+
+@pytest.mark.gpu
+def test_combine_probe_on_cuda_fp32():
+    """On the GPU: cuBLAS fp32 at 26x1402x11025 (the H200 runs a 48-slice in-place split-K
+    there) is explained exactly, its combine order read by the crafted probe, whatever the
+    order; a different split or kernel elsewhere must be exact as well."""
+    from probes.backends import detect
+    found = detect(include=lambda s: s.name == "cuda-cublas-fp32")
+    if not found or found[0].device is None:
+        pytest.skip("cuda-cublas-fp32 not available here")
+    e = explain_shape(found[0].device, (26, 1402, 11025), outputs=2048, budget_s=90,
+                      base_model=parse_short("F=1 align=exact acc=23:RNE G=- out=float32:RNE"))
+    assert e.exact, (e.kernels, short(e.model), e.matches, e.checked_outputs)
