@@ -125,6 +125,24 @@ class _BF16Linear(nn.Linear):
 
 
 # ------------------------------------------------------------------ training
+def dump_activations(model, x, path) -> None:
+    """The last block's fc2 input (post-GELU activations, [B*T, 4d]) on batch ``x`` and its
+    weight ([d, 4d]), float32, written atomically: the bench's "activations" operands
+    (fp4ref.harness.bench_gemm, FP4REF_ACTIVATIONS)."""
+    fc2, got = model.blocks[-1].fc2, {}
+
+    def keep(module, inp, out):  # returns None: the output stays as it is
+        got.setdefault("x", inp[0].detach())
+    h = fc2.register_forward_hook(keep)
+    with torch.no_grad():
+        model(x)
+    h.remove()
+    tmp = path + ".tmp"
+    torch.save({"fc2_in": got["x"].float().reshape(-1, got["x"].shape[-1]).cpu(),
+                "fc2_weight": fc2.weight.detach().float().cpu()}, tmp)
+    os.replace(tmp, path)
+
+
 def train(run, cfg, data, device, log_every):
     torch.manual_seed(cfg["seed"])
     model = LM(cfg["d"], cfg["layers"], cfg["heads"], cfg["seq"],
@@ -153,6 +171,9 @@ def train(run, cfg, data, device, log_every):
             print(f"[{run}] step {step:4d} loss {losses[-1]:.4f} ({time.time() - t0:.1f}s)", flush=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
+    if cfg.get("dump") and run == "bf16":
+        dump_activations(model, x, cfg["dump"])
+        print(f"[{run}] activations of the trained model: {cfg['dump']}", flush=True)
     return {"step": steps, "loss": losses, "seconds": time.time() - t0}
 
 
@@ -211,6 +232,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-model", default="probe_matched")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dump-activations", default=None, metavar="PATH",
+                    help="after the bf16 run: its last fc2 input and weight (torch.save) for "
+                         "make bench's activations row (FP4REF_ACTIVATIONS=PATH)")
     args = ap.parse_args(argv)
     if args.tiny:
         cfg = dict(d=32, layers=1, heads=2, seq=16, batch=2, steps=3, lr=3e-3, warmup=2)
@@ -220,6 +244,7 @@ def main(argv=None) -> int:
         cfg["steps"] = args.steps
     cfg["seed"] = args.seed
     cfg["gemm_model"] = args.gemm_model
+    cfg["dump"] = args.dump_activations
     runs = [check for check in args.runs.split(",") if check]
     for r in runs:
         if r not in RUNS:

@@ -12,7 +12,9 @@ No timed assertions anywhere: these are measurements.
 The operand-distribution table (``dist_rows``, method ``triton_dist``): for each format
 (nvfp4, mxfp4, ue5m3) and distribution (``DISTS``: Gaussian, heavy tails
 randn * exp(s * randn) for s = 1, 2, 3, per-row and per-block scales 2**(+-12), blocks with
-NaN / inf scale codes, all-zero blocks) at ``dist_shape`` (1024 x 1024 x 4096; Gaussian also
+NaN / inf scale codes, all-zero blocks, and real activations: the post-GELU fc2 input and
+fc2 weight of ``scripts/train_lm.py --dump-activations PATH`` after its bf16 run, tiled to the
+shape, when ``FP4REF_ACTIVATIONS=PATH`` names that file) at ``dist_shape`` (1024 x 1024 x 4096; Gaussian also
 at each of ``sizes``): TFLOP/s end to end (prepare + call: decode, route, kernels, fix-ups,
 epilogue; quantization by ``gemm_triton.quantize_operand`` is NOT timed), the ratio to
 cuBLAS bf16 at the same shape in the same run, the slowdown against that format's Gaussian
@@ -31,8 +33,9 @@ import torch
 
 from .timing import gemm_section_main, median_seconds, mem_peak, mem_reset
 
-__all__ = ["run", "main", "DISTS", "DIST_FORMATS", "dist_operands", "dist_rows"]
+__all__ = ["run", "main", "DISTS", "DIST_FORMATS", "ACTIVATIONS_ENV", "activations", "dist_operands", "dist_rows"]
 
+ACTIVATIONS_ENV = "FP4REF_ACTIVATIONS"
 DISTS = ("gaussian", "heavy_s1", "heavy_s2", "heavy_s3", "row_scales_2pm12",
          "block_scales_2pm12", "nan_inf_blocks", "zero_blocks")
 DIST_FORMATS = ("nvfp4", "mxfp4", "ue5m3")
@@ -134,15 +137,40 @@ def _emulator_row(GT, E: int, device, gen) -> dict:
     return row
 
 
-def dist_operands(kind: str, R: int, K: int, fmt: str, gen: torch.Generator):
+def activations(path=None) -> dict | None:
+    """The training script's dumped tensors (``FP4REF_ACTIVATIONS`` or ``path``), else None."""
+    import os
+    path = path or os.environ.get(ACTIVATIONS_ENV)
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise ValueError(f"{ACTIVATIONS_ENV}: {path!r} is not a file; expected the output of "
+                         "scripts/train_lm.py --dump-activations PATH")
+    d = torch.load(path, map_location="cpu")
+    if not isinstance(d, dict) or not {"fc2_in", "fc2_weight"} <= set(d):
+        raise ValueError(f"{ACTIVATIONS_ENV}: {path!r} holds no fc2_in / fc2_weight tensors")
+    return d
+
+
+def _tiled(src: torch.Tensor, R: int, K: int) -> torch.Tensor:
+    """``src``'s values in row-major order, repeated to fill [R, K] (K a multiple of the
+    source rows keeps each channel at fixed positions)."""
+    flat = src.float().reshape(-1)
+    return flat.repeat(-(-R * K // flat.numel()))[:R * K].view(R, K)
+
+
+def dist_operands(kind: str, R: int, K: int, fmt: str, gen: torch.Generator, source=None):
     """(codes, scale codes, per-tensor factor) of one operand [R, K] drawn from ``kind``
-    (``DISTS``), quantized by ``gemm_triton.quantize_operand`` (CPU tensors)."""
+    (``DISTS``; "activations": ``source`` tiled), quantized by
+    ``gemm_triton.quantize_operand`` (CPU tensors)."""
     from .. import gemm_triton as GT
     from reference.errors import check_choice
     from reference.formats import get_format
-    check_choice("kind", kind, DISTS)
+    check_choice("kind", kind, DISTS + ("activations",))
+    if kind == "activations" and source is None:
+        raise ValueError("source: the activations distribution needs a source tensor (FP4REF_ACTIVATIONS)")
     block = GT.OPERAND_FORMATS[fmt].block
-    x = torch.randn(R, K, generator=gen)
+    x = torch.randn(R, K, generator=gen) if kind != "activations" else _tiled(source, R, K)
     if kind.startswith("heavy_s"):
         x = x * torch.exp(int(kind[-1]) * torch.randn(R, K, generator=gen))
     elif kind == "row_scales_2pm12":
@@ -188,10 +216,11 @@ def _timed(fn, device, iters: int, cap_s: float) -> tuple[float, bool]:
     return median_seconds(fn, device, reps, warmup=0), False
 
 
-def _dist_row(GT, fmt, kind, shape, device, gen, iters, cap_s) -> dict:
+def _dist_row(GT, fmt, kind, shape, device, gen, iters, cap_s, act=None) -> dict:
     M, N, K = shape
-    ac, asc, ta = dist_operands(kind, M, K, fmt, gen)
-    bc, bsc, tb = dist_operands(kind, N, K, fmt, gen)
+    src = (None, None) if act is None else (act["fc2_in"], act["fc2_weight"])
+    ac, asc, ta = dist_operands(kind, M, K, fmt, gen, src[0])
+    bc, bsc, tb = dist_operands(kind, N, K, fmt, gen, src[1])
     ops = [t.to(device) for t in (ac, asc, bc, bsc)]
 
     def call():
@@ -241,14 +270,19 @@ def dist_rows(device, sizes=(8192, 4096), shape=(1024, 1024, 4096), cpu_shape=(6
     if device.type != "cuda":
         shapes = [tuple(cpu_shape)]
     gen = torch.Generator(device="cpu").manual_seed(1)
+    act = activations()
+    if act is None:
+        print(f"bench_gemm: no activations row ({ACTIVATIONS_ENV} unset; scripts/train_lm.py "
+              "--dump-activations PATH writes one)", file=sys.stderr)
+    kinds = DISTS + (("activations",) if act is not None else ())
     rows = []
     for si, shp in enumerate(shapes):
         cub = _cublas_row(shp, device, gen, iters)
         rows.append(cub)
         for fmt in DIST_FORMATS:
             gauss = None
-            for kind in (DISTS if si == 0 else ("gaussian",)):
-                r = _dist_row(GT, fmt, kind, shp, device, gen, iters, cap_s)
+            for kind in (kinds if si == 0 else ("gaussian",)):
+                r = _dist_row(GT, fmt, kind, shp, device, gen, iters, cap_s, act)
                 gauss = r if kind == "gaussian" else gauss
                 r["fraction_of_cublas_bf16"] = r["tflops"] / cub["tflops"]
                 r["slowdown_vs_gaussian"] = r["seconds"] / gauss["seconds"]
