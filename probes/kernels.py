@@ -150,6 +150,15 @@ KERNEL_MODELS: tuple[KernelModel, ...] = (
         "1417x3535x8192 (128x256, 3 x 2752 .. 2688: 128-byte lines as 8192 % 32 == 0; 2732 misses 31/32)",
         k_tile=32, split_align=4),
     KernelModel(
+        r"cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4", ("cuda-cublas-tf32",), _TC,
+        "H200 session 16 dumps (16 x 16 outputs each, with splitKreduce), 768/768: 64x64x100 (13 "
+        "slices 12 x 8 + 4), 96x80x48 (12 x 4) and 16x16x4096 (21 x 192 + 64: 128-byte lines as "
+        "4096 % 32 == 0), the slices added in order (scripts/fit_tf32_small.py). Misses: tree / "
+        "pairwise / reverse order <= 97/256, F=4 34..167/256, align 24 or 26 <= 247/256, 16-byte "
+        "slices at 16x16x4096 17/256. These shapes do not tell the k-tile (8, 16, 32) or where the "
+        "partial tile sits: k-tile 16 from the name, the partial tile first as CUTLASS 2.x does",
+        k_tile=16, split_align=4),
+    KernelModel(
         r"cutlass_80_simt_sgemm_(256x128_8x4|128x64_8x5)_nn_align1", ("cuda-cublas-fp32",), _FMA,
         "H200 survey dumps, 256/256 each: 256x128_8x4 at 3485x2609x8375 (serial, 3 x 2792 ..) and "
         "3332x2661x14955 (4 x 3740 .. 3735); 128x64_8x5 at 309x68x2872 (parallel, 26 x 112 .. 72). "

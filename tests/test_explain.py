@@ -232,11 +232,13 @@ _S1688 = ("void cutlass::Kernel2<cutlass_75_tensorop_s1688gemm_bf16_256x128_nn_a
 
 
 _TRITON0 = ("mm_fp8", "triton-dot-e4m3-imprecise-0", "float8_e4m3fn")
+_S1688_16 = ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(Params)",
+             "cuda-cublas-tf32", "tf32")
 
 
 @pytest.mark.parametrize("K,S,kernel", [(1000, 1, _S1688), (2872, 13, _S1688), (4131, 3, _S1688),
                                         (1003, 5, _XMMA), (777, 3, _XMMA), (301, 1, _TRITON0),
-                                        (256, 1, _TRITON0)])
+                                        (256, 1, _TRITON0), (100, 13, _S1688_16), (48, 12, _S1688_16)])
 def test_residue_first_kernel_found_and_emulated(K, S, kernel):
     """A device computing like the H200's cutlass_75 s1688 bf16 kernel (partial k-tile first,
     S slices rounded to 8) reporting that kernel's name: explain finds (model, KLayout) and

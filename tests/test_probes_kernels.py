@@ -12,7 +12,9 @@ excerpts (2 x 2 outputs of cuBLAS f16 at 48x330x12213, S = 88 with splitKreduce,
 serial S = 3, fitted by scripts/fit_f16_split.py: 256 of 256 dumped outputs each under slice_align's
 cache-line rule; the WMMA s161616 kernels at 78x877x813, S = 8, and 64x64x100, scripts/fit_wmma.py)
 are from session 15's dumps (scripts/gpu_dump_shapes.py), as are ``segk*`` (tf32 segment-K) and
-``gemv*`` (fp32 gemv).
+``gemv*`` (fp32 gemv); e17-e19 (2 x 2 outputs each) are session 16's dumps of cuBLAS tf32's
+cutlass_80 s1688 64x64_16x6 kernel with splitKreduce at 64x64x100, 96x80x48 and 16x16x4096
+(scripts/fit_tf32_small.py).
 """
 from __future__ import annotations
 
