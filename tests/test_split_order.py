@@ -171,6 +171,11 @@ def test_explain_finds_a_hidden_order(monkeypatch):
         split_reduce=SplitReduce.SERIAL),))
     assert e.exact, e
     assert isinstance(e.model.split_reduce, SplitOrder)
+    from fp4ref.native import ScheduleTable
+    t = ScheduleTable()
+    t.add(e)
+    again = ScheduleTable.from_dict(t.to_dict()).lookup(dev.name, (6, 20, S * L))
+    assert again.model == e.model  # the order survives the schedule table file
 
 
 def _h200():
