@@ -201,23 +201,40 @@ def crafted_combine_probe(dev: Device, shape, ks: list, max_calls: int = 16):
         refs = torch.arange(r0, min(S, r0 + M), device=where)
         for c0 in range(0, S, N):
             probes = (c0 + torch.arange(N, device=where) % min(S - c0, N)) % S
-            a = torch.full((M, K), 0.0, device=where)
-            b = torch.full((K, N), 0.0, device=where)
+            a = torch.zeros(M, K, device=where)
+            b = torch.zeros(K, N, device=where)
             a[:, kt] = u
             b[kt, :] = u
             a[torch.arange(len(refs), device=where), kt[refs]] = X
             b[kt[probes], torch.arange(N, device=where)] = -X
             got = dev.call_tensors(dev.batch_from(a, b, alpha=_unit_alpha(caps, M, N)))
-            cnt = (got[:len(refs)].double() / (u * u)).cpu().numpy()
-            for j, s in enumerate(probes.tolist()):
-                for i, r in enumerate(refs.tolist()):
-                    if r == s:
-                        continue
-                    d = S - cnt[i, j]
-                    if d != round(d) or (D[r, s] >= 0 and D[r, s] != d):
-                        return None  # not a count, or the output tiles disagree
-                    D[r, s] = D[s, r] = int(d)
+            d = S - (got[:len(refs)].double() / (u * u)).cpu().numpy()
+            if not _record(D, d, refs.cpu().numpy(), probes.cpu().numpy()):
+                return None  # not a count, or the output tiles disagree
     return order_from_distances(D)
+
+
+def _record(D: np.ndarray, d: np.ndarray, refs: np.ndarray, probes: np.ndarray) -> bool:
+    """D[r, s] = D[s, r] = d[i, j] for reference r = refs[i], probe s = probes[j], r != s;
+    False when a value is not an integer or two readings of one pair differ (with each
+    other or with D)."""
+    r, s = np.broadcast_arrays(refs[:, None], probes[None, :])
+    keep = r != s
+    r, s, v = r[keep], s[keep], d[keep]
+    if (v != np.round(v)).any():
+        return False
+    v = v.astype(np.int64)
+    lo, hi = D.copy(), D.copy()                 # per pair: the smallest and largest reading
+    known = D >= 0
+    lo[~known], hi[~known] = np.iinfo(np.int64).max, -1
+    for x, y in ((r, s), (s, r)):
+        np.minimum.at(lo, (x, y), v)
+        np.maximum.at(hi, (x, y), v)
+    seen = hi >= 0
+    if (lo[seen] != hi[seen]).any():
+        return False
+    D[seen] = hi[seen]
+    return True
 
 
 def order_from_distances(D: np.ndarray):

@@ -8,9 +8,11 @@ what: interleave (S 1..128 x W 1..128, slice-order/reverse/tree/pairwise combine
       controls.
 Finding (H200 dump 26x1402x11025, 128 outputs): the slice partials are interleaved W=8, S=48
 (every output is some serial order of them: 128/128, median random-order hit rate 0.16 vs
-<= 0.03 for S=47/49/24/32/64/96), but no fixed combine order fits (slice order 24/128, best
-structured 43/128, best single annealed order ~60/128): the slices land in a run-dependent
-(completion) order.
+<= 0.03 for S=47/49/24/32/64/96), but no serial order of them fits (slice order 24/128, best
+structured 43/128, best single annealed order ~60/128).  Session 16 read the order with crafted
+operands (scripts/gpu_xmma_order.py, probes.explain.crafted_combine_probe): it is not a serial
+permutation but a chain of groups, 0+24+47,1+25,...,22+46,23, the same in every tile and run,
+which fits every output (reference.schedule.SplitOrder; tests/test_split_order.py).
 """
 import sys, itertools
 import numpy as np
@@ -190,20 +192,10 @@ def order_search(S=48, W=8, iters=20000, seed=0):
             r = serial_perm(vv, p)
             dd = np.abs(r - w) / ulp
             return (dd != 0).sum() * 1000 + dd.sum()
-        p = list(range(S))
-        cbest = cost(p)
-        for it in range(iters):
-            q = p.copy()
-            i, k = rng.integers(S), rng.integers(S)
-            q.insert(k, q.pop(i))
-            cq = cost(q)
-            if cq <= cbest:
-                p, cbest = q, cq
-            if cbest == 0:
-                break
+        p, _, moves = _descend(cost, S, iters, rng, reach=None)
         nmatch = int(((serial_perm(vv, p).astype(np.float32)) == want[:, j]).sum())
         found[int(c)] = (nmatch, p)
-        print(f"col {c} (tile {c // 32}): {nmatch}/8 after {it + 1} moves; order {p}", flush=True)
+        print(f"col {c} (tile {c // 32}): {nmatch}/8 after {moves} moves; order {p}", flush=True)
     return found
 
 
@@ -225,21 +217,28 @@ def _order_cost(S, W):
 
 def global_order_search(S=48, W=8, iters=20000, seed=0, start=None):
     """One combine order for all outputs (a fixed lock order): insertion-move descent."""
-    cost = _order_cost(S, W)
-    rng = np.random.default_rng(seed)
+    p, cb, _ = _descend(_order_cost(S, W), S, iters, np.random.default_rng(seed), start, log=True)
+    return p, cb
+
+
+def _descend(cost, S, iters, rng, start=None, log=False, reach=6):
+    """(order, cost, moves): insertion moves (of <= ``reach`` places; None: anywhere) kept
+    while the cost does not grow."""
     p = list(range(S)) if start is None else list(start)
-    cb = cost(p)
+    cb, it = cost(p), -1
     for it in range(iters):
+        if cb == 0:
+            break
         q = p.copy()
         i = rng.integers(S)
-        k = int(np.clip(i + rng.integers(-6, 7), 0, S - 1))
+        k = rng.integers(S) if reach is None else int(np.clip(i + rng.integers(-reach, reach + 1), 0, S - 1))
         q.insert(k, q.pop(i))
         cq = cost(q)
         if cq <= cb:
             p, cb = q, cq
-        if it % 2000 == 0:
+        if log and it % 2000 == 0:
             print(it, cb // 1000, p, flush=True)
-    return p, cb
+    return p, cb, it + 1
 
 
 def column_order_search(S=48, W=8, iters=8000, seed=0, groups=None):
@@ -267,26 +266,15 @@ def column_order_search(S=48, W=8, iters=8000, seed=0, groups=None):
         def cost(p):
             dd = np.abs(serial_perm(vv, p) - w) / ulp
             return (dd != 0).sum() * 1000 + np.minimum(dd, 50).sum()
-        p = list(range(S))
-        cb = cost(p)
-        c0 = cb // 1000
-        for it in range(iters):
-            if cb == 0:
-                break
-            q = p.copy()
-            i = rng.integers(S)
-            k = int(np.clip(i + rng.integers(-6, 7), 0, S - 1))
-            q.insert(k, q.pop(i))
-            cq = cost(q)
-            if cq <= cb:
-                p, cb = q, cq
+        c0 = cost(list(range(S))) // 1000
+        p, cb, moves = _descend(cost, S, iters, rng)
         n = len(wf)
         m = n - int(cb // 1000)
         total += m
         disp = int(np.abs(np.array(p) - np.arange(S)).sum())
         res[g] = p
         print(f"tile {g} cols {[int(cols[j]) for j in js]}: serial {n - c0}/{n} -> {m}/{n} "
-              f"(moves {it + 1}, displacement {disp}) {p}", flush=True)
+              f"(moves {moves}, displacement {disp}) {p}", flush=True)
     print("total", total)
     return res
 

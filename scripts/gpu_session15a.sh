@@ -8,11 +8,7 @@ OUT=${OUT:?OUT}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 T=${1:-560}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-TRI="tests/test_gemm_triton.py tests/test_gemm_triton_specials.py tests/test_gemm_triton_wide.py"
-( OMP_NUM_THREADS=2 timeout $((T + 10)) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 tests \
-    $(for f in $TRI; do echo --ignore=$f; done) > "$OUT/test-gpu-a.log" 2>&1; echo "rc=$?" >> "$OUT/test-gpu-a.log" ) &
-( OMP_NUM_THREADS=2 timeout $((T + 10)) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 $TRI \
-    > "$OUT/test-gpu-b.log" 2>&1; echo "rc=$?" >> "$OUT/test-gpu-b.log" ) &
+bash scripts/gpu_test_halves.sh "$T" &   # make test-gpu, two halves
 G="cuda-cublas-fp32 cuda-cublas-tf32 cuda-cublas-float16 triton-dot-e4m3-imprecise-0"
 G="$G triton-dot-e4m3-imprecise-unset triton-dot-e4m3-imprecise-32 triton-dot-e4m3-imprecise-64"
 G="$G triton-dot-e4m3-imprecise-128"

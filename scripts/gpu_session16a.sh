@@ -7,11 +7,7 @@ OUT=${OUT:?OUT}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 T=${1:-540}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-TRI="tests/test_gemm_triton.py tests/test_gemm_triton_specials.py tests/test_gemm_triton_wide.py"
-( OMP_NUM_THREADS=2 timeout $((T + 10)) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 tests \
-    $(for f in $TRI; do echo --ignore=$f; done) > "$OUT/test-gpu-a.log" 2>&1; echo "rc=$?" >> "$OUT/test-gpu-a.log" ) &
-( OMP_NUM_THREADS=2 timeout $((T + 10)) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 $TRI \
-    > "$OUT/test-gpu-b.log" 2>&1; echo "rc=$?" >> "$OUT/test-gpu-b.log" ) &
+bash scripts/gpu_test_halves.sh "$T" &   # make test-gpu, two halves
 python3 scripts/gpu_xmma_order.py --shape 26x1402x11025 --repeat 5 --out "$OUT/xmma_order.npz" \
     > "$OUT/xmma-order.log" 2>&1
 cat "$OUT/xmma-order.log"

@@ -229,3 +229,17 @@ def test_combine_probe_on_cuda_fp32():
     e = explain_shape(found[0].device, (26, 1402, 11025), outputs=2048, budget_s=90,
                       base_model=parse_short("F=1 align=exact acc=23:RNE G=- out=float32:RNE"))
     assert e.exact, (e.kernels, short(e.model), e.matches, e.checked_outputs)
+
+
+def test_probe_readings_must_agree():
+    """Two readings of one slice pair (repeated columns, or r/s swapped) must be equal, and
+    every reading a whole count; the diagonal (r == s) is not read."""
+    from probes.explain import _record
+    D = np.full((4, 4), -1, np.int64)
+    refs, probes = np.array([0, 1]), np.array([1, 2, 3, 1])
+    d = np.array([[2.0, 3.0, 4.0, 2.0], [9.0, 3.0, 4.0, 9.0]])
+    assert _record(D, d, refs, probes)
+    assert D[0, 1] == D[1, 0] == 2 and D[1, 2] == 3 and D[1, 3] == 4 and D[1, 1] == -1
+    assert not _record(D.copy(), d + np.array([[0, 0, 0, 1], [0, 0, 0, 0]]), refs, probes)  # tiles differ
+    assert not _record(D.copy(), d + 0.5, refs, probes)                                    # not a count
+    assert not _record(D.copy(), np.array([[5.0]]), np.array([1]), np.array([0]))         # != D[1, 0]
