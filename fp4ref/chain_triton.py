@@ -79,9 +79,10 @@ __all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "us
 # _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
 # sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, where GENERAL's
 # float64 accumulator fits the register file.  GROUP_M row tiles share B tiles in L2.
-CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 8}
+CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 8,
+          "full_split": 1}
 _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M": 2,
-                  "full_warps": 4}
+                  "full_warps": 4, "full_split": 1}
 SCALE_BLOCKS = {"ue4m3": (16,), "ue8m0": (32, 16)}
 BACKENDS = ("auto", "triton", "torch")
 _FOLD = 48            # ue8m0 scales with |exponent| <= 48 are folded into the bf16 operand
@@ -297,30 +298,58 @@ if HAVE_TRITON:
         return out
 
     @triton.jit
+    def _cvt_rz(v, ASM: tl.constexpr):
+        """int64 v (|v| < 2^62) -> float32 rounded toward zero."""
+        if ASM:  # PTX cvt.rz.f32.s64
+            return tl.inline_asm_elementwise("cvt.rz.f32.s64 $0, $1;", "=f,l", [v],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        r = v.to(tl.float32)   # RN; one step toward zero where it rounded up in magnitude
+        up = tl.abs(r.to(tl.int64)) > tl.abs(v)
+        return tl.where(up, (r.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), r)
+
+    @triton.jit
+    def _mul_rz(x, f, ASM: tl.constexpr):
+        """RZ(x * f) in FP32, f a power of two, the product below 2^128 (a subnormal product
+        is truncated, not rounded)."""
+        if ASM:  # PTX mul.rz.f32 without .ftz
+            return tl.inline_asm_elementwise("mul.rz.f32 $0, $1, $2;", "=f,f,f", [x, f],
+                                             dtype=tl.float32, is_pure=True, pack=1)
+        return _rz32(x.to(tl.float64) * f.to(tl.float64), True)
+
+    @triton.jit
+    def _in_q(y, e, RESID: tl.constexpr):
+        """y * 2^e truncated toward zero to an integer (int64: cvt.rzi.s64.f32), y a finite
+        float32 with |y * 2^e| < 2^62.  RESID: 2^e may leave float32's range (ue8m0), two
+        steps: the first is exact wherever the result is >= 1 (below, both truncate to 0)."""
+        if RESID:
+            e1 = tl.minimum(tl.maximum(e, -126), 127)
+            y = y * _p2f(e1) * _p2f(tl.minimum(tl.maximum(e - e1, -126), 127))
+        else:
+            y = y * _p2f(e)
+        return y.to(tl.int64)
+
+    @triton.jit
     def _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
                  RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
                  GTMA: tl.constexpr):
-        """The exact instruction per output.  In the frame F = 2^(E - 12) the truncation step
-        q = 2^(E - 35) is 2^-23: each term is cut there in float32 (``_cut23``), the cut terms
-        (multiples of 2^-23 below 2^14) are summed exactly in float64, scaled back by F and
-        rounded toward zero to FP32.  The group terms come from four K = 16 dots, one per
-        group (a single group's sum is always exact; a quarter of the tensor-core work of four
-        masked K = 64 dots).  AGI / BGI: the dot operands (ue8m0: e2m1 values alone; ue4m3:
-        a * s_a) as int16 bits, [rows, K].  GTMA: the group terms from four masked K = 64
-        dots of the instruction's tiles ga [rows, 64], gb [64, cols] already in registers
-        (loaded by TMA, no further global loads; 4x the tensor work of one dot)."""
+        """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
+        step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
+        (cvt.rzi: one conversion, the cut itself); their sum is exact (|sum| < 2^40), and
+        rounded toward zero to FP32 once (cvt.rz.f32.s64), then scaled back by q (exact, or Inf
+        beyond 2^128; ue8m0's subnormal results by mul.rz).  The group terms come from four
+        dots, one per group (a single group's sum is always exact in the dot): K = 16 dots of
+        per-group global loads, or (GTMA) four masked K = 64 dots of the instruction's tiles ga
+        [rows, 64], gb [64, cols] already in registers (loaded by TMA; 4x the tensor work of one
+        dot).  AGI / BGI: the dot operands (ue8m0: e2m1 values alone; ue4m3: a * s_a) as int16
+        bits, [rows, K]."""
         esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
-        ecf = (C.to(tl.int32, bitcast=True) >> 23) & 255
-        E = tl.maximum(tl.maximum(ecf, 1) - 127, esm)     # C = 0 or subnormal: -126
-        h = 12 - E
-        if RESID:   # ue8m0: 2^h may leave float32's range; two exact steps (Inf C stays Inf)
-            h1 = tl.minimum(tl.maximum(h, -126), 127)
-            yc = C * _p2f(h1) * _p2f(tl.minimum(tl.maximum(h - h1, -126), 127))
-        else:       # ue4m3: E in [-12, 128]
-            yc = C * _p2f(h)
-        acc = _cut23(yc, ASM).to(tl.float64) + 0.0       # + 0.0: an exact zero sum is +0
+        cb = C.to(tl.int32, bitcast=True)
+        E = tl.maximum(tl.maximum((cb >> 23) & 255, 1) - 127, esm)   # C = 0 or subnormal: -126
+        s = 35 - E                                       # a term t counts t * 2^s steps q
+        cinf = (cb & 0x7FFFFFFF) == 0x7F800000           # Inf C stays Inf (no Inf - Inf here)
+        acc = _in_q(tl.where(cinf, 0.0, C), s, RESID)
         ra = rows[:, None].to(tl.int64) * K
-        cb = cols[None, :].to(tl.int64) * K
+        cc = cols[None, :].to(tl.int64) * K
         kk = tl.arange(0, 16)
         kq = tl.arange(0, 64) // 16
         for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
@@ -329,18 +358,26 @@ if HAVE_TRITON:
             else:
                 k0 = 64 * p + 16 * g
                 ag = tl.load(AGI + ra + (k0 + kk)[None, :], mask=rmask[:, None], other=0)
-                bg = tl.load(BGI + cb + (k0 + kk)[:, None], mask=cmask[None, :], other=0)
+                bg = tl.load(BGI + cc + (k0 + kk)[:, None], mask=cmask[None, :], other=0)
                 x = _dot(ag.to(tl.bfloat16, bitcast=True), bg.to(tl.bfloat16, bitcast=True),
                          F32DOT)
             if RESID:   # x = S_g: the group's scale exponent joins here (far below: cut to 0)
-                y = x * _p2f(tl.maximum(_grp(wa, g)[:, None] + _grp(wb, g)[None, :] + h, -126))
+                acc += _in_q(x, s + _grp(wa, g)[:, None] + _grp(wb, g)[None, :], RESID)
             else:       # x = T_g
-                y = x * _p2f(h)
-            acc = acc + _cut23(y, ASM).to(tl.float64)    # multiples of 2^-23 below 2^14: exact
-        r = _rz32(acc * _p2d(E - 12), RESID)             # Inf C: Inf throughout
+                acc += _in_q(x, s, RESID)
+        r = _cvt_rz(acc, ASM)                            # 24 bits, |r| < 2^40, +0 for 0
+        if RESID:   # 2^(E - 35) in two steps: r * 2^-126 is normal (r = 0 or |r| >= 1)
+            e1 = tl.minimum(tl.maximum(-s, -126), 127)
+            r = r * _p2f(e1)                             # exact, or Inf
+            e2 = -s - e1                                 # in [-35, 92]
+            r = tl.where(e2 < 0, _mul_rz(r, _p2f(tl.maximum(e2, -126)), ASM),
+                         r * _p2f(tl.minimum(e2, 127)))
+        else:       # ue4m3: E in [-12, 128], 2^(E - 35) normal: exact, or Inf beyond 2^128
+            r = r * _p2f(-s)
+        r = tl.where(cinf, C, r)
         if ng > 0:                                       # -0 if C and every product are -0
             neg = _all_neg0(AGI, BGI, rows, rmask, cols, cmask, p, K, C.shape)
-            cneg0 = C.to(tl.int32, bitcast=True) == -2147483648
+            cneg0 = cb == -2147483648
             rb = tl.where((acc == 0) & cneg0 & (neg > 0), -2147483648, r.to(tl.int32, bitcast=True))
             r = rb.to(tl.float32, bitcast=True)   # by bits: Triton folds a -0.0 literal to +0
         return r
@@ -459,7 +496,7 @@ if HAVE_TRITON:
                      M, N, alpha, NP: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
                      F32DOT: tl.constexpr, ASM: tl.constexpr, ALPHA: tl.constexpr,
-                     OUTK: tl.constexpr):
+                     OUTK: tl.constexpr, FS: tl.constexpr):
         """The BM x BN tiles whose instructions all pass FAST's conditions (``_plan_kernel``):
         one tensor-core dot per instruction, then FAST (or MEDIUM)."""
         pid = tl.program_id(0)
@@ -505,23 +542,25 @@ if HAVE_TRITON:
                                        cols, cmask, p, NP, ASM)
                 nmed += k
             _store(OUT, C, rows, rmask, cols, cmask, NANR, NANC, N, alpha, ALPHA, OUTK)
-            tl.atomic_add(CNT + 0, 4 * NP - 4 * nmed)     # counted in QM x QN blocks
-            tl.atomic_add(CNT + 1, 4 * nmed)
+            tl.atomic_add(CNT + 0, FS * FS * 4 * (NP - nmed))   # counted in the full kernel's
+            tl.atomic_add(CNT + 1, FS * FS * 4 * nmed)          # QM x QN blocks
 
     @triton.jit
     def _full_kernel(ADF, BDF, ADG, BDG, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
                      OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
-                     QM: tl.constexpr, QN: tl.constexpr,
+                     QM: tl.constexpr, QN: tl.constexpr, FS: tl.constexpr,
                      RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
                      ALPHA: tl.constexpr, OUTK: tl.constexpr, GTMA: tl.constexpr):
         """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included.
-        GTMA: GENERAL's dot operands come as TMA tiles (ue4m3: the FAST tiles themselves)."""
-        qm = tl.program_id(0)
-        qn = tl.program_id(1)
-        nqn = tl.num_programs(1)
+        FS: the block is 1 / FS of a statistics block (BM/2 x BN/2) each way; it takes its path
+        per step from that block's statistics (bounds of a larger block hold for its part) and
+        its own C.  GTMA: GENERAL's dot operands come as TMA tiles (ue4m3: the FAST tiles)."""
+        qm = tl.program_id(0) // FS        # the statistics blocks
+        qn = tl.program_id(1) // FS
+        nqn = tl.num_programs(1) // FS
         if _tile_flag(FLAG, qm // 2, qn // 2, nqn) != 0:
-            ro = qm * QM
-            co = qn * QN
+            ro = tl.program_id(0) * QM
+            co = tl.program_id(1) * QN
             rows = ro + tl.arange(0, QM)
             cols = co + tl.arange(0, QN)
             rmask = rows < M
@@ -562,9 +601,7 @@ if HAVE_TRITON:
 def _config() -> dict:
     """Tile sizes: CONFIG (interpreter: small tiles), updated by FP4REF_CHAIN_CONFIG (read at
     every call: ``parse_config``; experiments, bench_chain's side-by-side configs)."""
-    if interpreting():
-        return dict(_INTERP_CONFIG)
-    cfg = dict(CONFIG)
+    cfg = dict(_INTERP_CONFIG if interpreting() else CONFIG)
     env = os.environ.get("FP4REF_CHAIN_CONFIG")
     if env:
         cfg.update(parse_config(env, "FP4REF_CHAIN_CONFIG"))
@@ -572,16 +609,17 @@ def _config() -> dict:
 
 
 def parse_config(text: str, name: str = "config") -> dict:
-    """"BM,BN,num_warps,num_stages[,GROUP_M[,full_warps]]" -> CONFIG keys (e.g. "64,128,4,3";
-    full_warps: the warps of the GENERAL-capable kernel on its BM/2 x BN/2 blocks)."""
-    keys = ("BM", "BN", "num_warps", "num_stages", "GROUP_M", "full_warps")
+    """"BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split]]]" -> CONFIG keys (e.g.
+    "64,128,4,3"; full_warps: the warps of the GENERAL-capable kernel; full_split: it runs on
+    BM/(2 full_split) x BN/(2 full_split) blocks, 1 or 2)."""
+    keys = ("BM", "BN", "num_warps", "num_stages", "GROUP_M", "full_warps", "full_split")
     try:
         vals = [int(v) for v in text.split(",")]
     except ValueError:
         vals = []
-    if not 4 <= len(vals) <= 6:
+    if not 4 <= len(vals) <= 7:
         raise ValueError(f"{name}: {text!r} is not 'BM,BN,num_warps,num_stages[,GROUP_M"
-                         "[,full_warps]]' (integers, e.g. '128,128,8,3')")
+                         "[,full_warps[,full_split]]]' (integers, e.g. '128,128,8,3')")
     cfg = dict(zip(keys, vals))
     if cfg["BM"] not in (32, 64, 128, 256) or cfg["BN"] not in (32, 64, 128, 256):
         raise ValueError(f"{name}: BM={cfg['BM']}, BN={cfg['BN']}; valid choices: BM and BN in "
@@ -589,6 +627,8 @@ def parse_config(text: str, name: str = "config") -> dict:
     for k in ("num_warps", "full_warps"):
         if k in cfg and cfg[k] not in (1, 2, 4, 8, 16):
             raise ValueError(f"{name}: {k}={cfg[k]}; valid choices: 1, 2, 4, 8, 16")
+    if cfg.get("full_split", 1) not in (1, 2):
+        raise ValueError(f"{name}: full_split={cfg['full_split']}; valid choices: 1, 2")
     if cfg["num_stages"] < 1 or cfg.get("GROUP_M", 1) < 1:
         raise ValueError(f"{name}: num_stages={cfg['num_stages']}, GROUP_M="
                          f"{cfg.get('GROUP_M')}; valid choices: integers >= 1")
@@ -665,13 +705,14 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
     kernel on the BM/2 x BN/2 blocks of flagged ones (both launched; each skips the other's)."""
     (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc) = A, B
     BM, BN, interp = cfg["BM"], cfg["BN"], interpreting()
-    QM, QN = BM // 2, BN // 2
+    FS = cfg["full_split"]
+    QM, QN = BM // (2 * FS), BN // (2 * FS)
     nqm, nqn = 2 * triton.cdiv(M, BM), 2 * triton.cdiv(N, BN)
     flag = torch.empty(nqm, nqn, dtype=torch.int32, device=out.device)
     _plan_kernel[(nqm, nqn)](sa, sa.view(torch.int32), sb, sb.view(torch.int32), flag,
                              NP=K // 64, num_warps=1)
     common = dict(NP=K // 64, F32DOT=interp, ASM=not interp, ALPHA=alpha is not None,
-                  OUTK=_OUT_KIND[out.dtype])
+                  OUTK=_OUT_KIND[out.dtype], FS=FS)
     o = out.view(torch.int32 if out.dtype == torch.float32 else torch.int16)
     al = 1.0 if alpha is None else float(alpha)
     ea, eb = ea.view(torch.int32), eb.view(torch.int32)      # [R, NP]: four groups per word
@@ -680,7 +721,7 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
         _desc(af, BM), _desc(bf, BN), ea, eb, sai, sbi, flag, nanr, nanc, o, cnt, M, N, al,
         BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], num_stages=cfg["num_stages"],
         num_warps=cfg["num_warps"], **common)
-    _full_kernel[(nqm, nqn)](
+    _full_kernel[(FS * nqm, FS * nqn)](
         _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), ag.view(torch.int16),
         bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
         QM=QM, QN=QN, RESID=gen, GTMA=_general_mode() == "tma", num_stages=1,

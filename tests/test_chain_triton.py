@@ -105,8 +105,7 @@ def same_bits(got, ref, a=None, b=None, sa=None, sb=None):
 
 # --- interpreter (CPU) or compiled (GPU) kernels on small shapes --------------------
 
-@interp
-@pytest.mark.parametrize("sf,block,ka,kb,codes,cancel,path", [
+PATH_CASES = [
     ("ue4m3", 16, "narrow", "narrow", "rand", False, 0),     # FAST only
     ("ue4m3", 16, "narrow", "mid", "rand", True, 1),         # a tiny C to cut: MEDIUM
     ("ue4m3", 16, "wide", "mid", "rand", False, 2),          # wide scales, NaN: GENERAL
@@ -114,7 +113,11 @@ def same_bits(got, ref, a=None, b=None, sa=None, sb=None):
     ("ue8m0", 32, "wide", "wide", "rand", False, 2),
     ("ue8m0", 16, "tiny", "tiny", "negzero", False, 2),      # subnormal / -0 results
     ("ue8m0", 32, "huge", "mid", "big", False, 2),           # overflow to Inf
-])
+]
+
+
+@interp
+@pytest.mark.parametrize("sf,block,ka,kb,codes,cancel,path", PATH_CASES)
 def test_paths(sf, block, ka, kb, codes, cancel, path):
     a, b, sa, sb = operands(7, 24, 21, 192, sf, block, ka, kb, codes, codes, cancel=cancel,
                             zero_row=cancel, nan=0.03 if ka == "wide" else 0.0)
@@ -132,6 +135,26 @@ def test_general_modes(mode, sf, block, ka, kb, codes, monkeypatch):
     monkeypatch.setenv("FP4REF_CHAIN_GENERAL", mode)
     a, b, sa, sb = operands(11, 24, 21, 192, sf, block, ka, kb, codes, codes, nan=0.03)
     assert run(a, b, sa, sb, sf, block)[2] > 0
+
+
+@interp
+@pytest.mark.parametrize("sf,block,ka,kb", [("ue4m3", 16, "wide", "mid"),
+                                            ("ue8m0", 32, "wide", "wide")])
+def test_full_split(sf, block, ka, kb, monkeypatch):
+    """The GENERAL-capable kernel on quarter blocks (full_split 2: each takes its paths from
+    its statistics block's bounds and its own C) equals the emulator, ragged edges included."""
+    monkeypatch.setenv("FP4REF_CHAIN_CONFIG", "64,64,4,1,2,4,2")
+    a, b, sa, sb = operands(13, 70, 45, 192, sf, block, ka, kb, nan=0.03)
+    assert run(a, b, sa, sb, sf, block)[2] > 0
+
+
+def test_parse_config():
+    assert CT.parse_config("128,128,8,3,8,4,2") == dict(
+        BM=128, BN=128, num_warps=8, num_stages=3, GROUP_M=8, full_warps=4, full_split=2)
+    with pytest.raises(ValueError, match="X: full_split=3; valid choices: 1, 2"):
+        CT.parse_config("128,128,8,3,8,4,3", "X")
+    with pytest.raises(ValueError, match="X: '1,2' is not 'BM,BN,num_warps,num_stages"):
+        CT.parse_config("1,2", "X")
 
 
 def test_general_mode_choices(monkeypatch):
@@ -369,6 +392,28 @@ def test_gpu_full_compare(kind):
     counts = run(*cuda, sf, block, alpha=al)
     if kind in ("nvfp4", "mxfp4"):
         assert counts[0] > counts[2], counts   # Gaussian operands: mostly FAST
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["", "128,128,8,3,8,8,1", "128,128,8,3,8,4,2",
+                                    "128,128,8,3,8,8,2"])
+@pytest.mark.parametrize("sf,block,ka,kb,codes,cancel,path", PATH_CASES)
+def test_gpu_paths(sf, block, ka, kb, codes, cancel, path, config, monkeypatch):
+    """The interpreter's path cases compiled (PTX cvt.rz / mul.rz / add.rz, the tensor-core
+    dots), at 200 x 150 x 512 under each GENERAL-capable kernel shape; plus ten more seeds of
+    every scale range and code kind for GENERAL."""
+    if config:
+        monkeypatch.setenv("FP4REF_CHAIN_CONFIG", config)
+    a, b, sa, sb = operands(7, 200, 150, 512, sf, block, ka, kb, codes, codes, cancel=cancel,
+                            zero_row=cancel, nan=0.03 if ka == "wide" else 0.0)
+    counts = run(*(t.cuda() for t in (a, b, sa, sb)), sf, block)
+    assert counts[path] > 0, counts
+    if path == 2:
+        for seed in range(10):
+            c = CODES[seed % len(CODES)]
+            a, b, sa, sb = operands(100 + seed, 130, 70, 256, sf, block, ka, kb, c, c,
+                                    zero_row=True, nan=0.01 * (seed % 3))
+            run(*(t.cuda() for t in (a, b, sa, sb)), sf, block)
 
 
 @pytest.mark.gpu

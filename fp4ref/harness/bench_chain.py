@@ -155,7 +155,7 @@ def _default_config() -> str:
     if env:
         c.update(CT.parse_config(env, "FP4REF_CHAIN_CONFIG"))
     return ",".join(str(c[k]) for k in ("BM", "BN", "num_warps", "num_stages", "GROUP_M",
-                                         "full_warps"))
+                                         "full_warps", "full_split"))
 
 
 def _alt_configs() -> tuple:
