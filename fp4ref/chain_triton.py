@@ -331,7 +331,7 @@ if HAVE_TRITON:
     @triton.jit
     def _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
                  RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                 GTMA: tl.constexpr):
+                 GTMA: tl.constexpr, EXP: tl.constexpr = 0):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
         (cvt.rzi: one conversion, the cut itself); their sum is exact (|sum| < 2^40), and
@@ -342,7 +342,14 @@ if HAVE_TRITON:
         [rows, 64], gb [64, cols] already in registers (loaded by TMA; 4x the tensor work of one
         dot).  AGI / BGI: the dot operands (ue8m0: e2m1 values alone; ue4m3: a * s_a) as int16
         bits, [rows, K]."""
-        esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
+        if EXP & 8:
+            return C
+        if EXP & 4:
+            esm = tl.zeros(C.shape, tl.int32)
+            wa = tl.zeros(rows.shape, tl.int32)
+            wb = tl.zeros(cols.shape, tl.int32)
+        else:
+            esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
         cb = C.to(tl.int32, bitcast=True)
         E = tl.maximum(tl.maximum((cb >> 23) & 255, 1) - 127, esm)   # C = 0 or subnormal: -126
         s = 35 - E                                       # a term t counts t * 2^s steps q
@@ -353,7 +360,9 @@ if HAVE_TRITON:
         kk = tl.arange(0, 16)
         kq = tl.arange(0, 64) // 16
         for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
-            if GTMA:         # a single group's sum is exact in the dot, as below
+            if EXP & 1:
+                x = C * 0.5
+            elif GTMA:         # a single group's sum is exact in the dot, as below
                 x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), gb, F32DOT)
             else:
                 k0 = 64 * p + 16 * g
@@ -412,7 +421,7 @@ if HAVE_TRITON:
     @triton.jit
     def _step(C, a, b, ga, gb, CB, ng, SA, SAI, SB, SBI, AG, BG, AGI, BGI, EA, EB,
               roff, rows, rmask, coff, cols, cmask, p, K, NP, RESID: tl.constexpr,
-              F32DOT: tl.constexpr, ASM: tl.constexpr, GTMA: tl.constexpr):
+              F32DOT: tl.constexpr, ASM: tl.constexpr, GTMA: tl.constexpr, EXP: tl.constexpr = 0):
         """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2).
         The full dot and the min |C| reduction only where FAST / MEDIUM runs."""
         ok, bnd, esmax = _fast_ok(SA, SAI, SB, SBI, p, NP, CB)
@@ -423,9 +432,13 @@ if HAVE_TRITON:
             ngn = ng
         else:
             Cn = _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
-                          RESID, F32DOT, ASM, GTMA)
-            CBn = tl.max(tl.abs(Cn)).to(tl.float64)
-            ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
+                          RESID, F32DOT, ASM, GTMA, EXP)
+            if EXP & 2:
+                CBn = CB * 2.0
+                ngn = ng
+            else:
+                CBn = tl.max(tl.abs(Cn)).to(tl.float64)
+                ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
             path = 2
         return Cn, CBn, ngn, path
 
@@ -550,7 +563,8 @@ if HAVE_TRITON:
                      OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
                      QM: tl.constexpr, QN: tl.constexpr, FS: tl.constexpr,
                      RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GTMA: tl.constexpr):
+                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GTMA: tl.constexpr,
+                     EXP: tl.constexpr = 0):
         """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included.
         FS: the block is 1 / FS of a statistics block (BM/2 x BN/2) each way; it takes its path
         per step from that block's statistics (bounds of a larger block hold for its part) and
@@ -586,7 +600,7 @@ if HAVE_TRITON:
                     gb = b
                 C, CB, ng, k = _step(C, a, b, ga, gb, CB, ng, sa, sai, sb, sbi,
                                      ADG, BDG, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
-                                     p, K, NP, RESID, F32DOT, ASM, GTMA)
+                                     p, K, NP, RESID, F32DOT, ASM, GTMA, EXP)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
                 n2 += (k == 2).to(tl.int32)
@@ -724,7 +738,9 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
     _full_kernel[(FS * nqm, FS * nqn)](
         _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), ag.view(torch.int16),
         bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
-        QM=QM, QN=QN, RESID=gen, GTMA=_general_mode() == "tma", num_stages=1,
+        QM=QM, QN=QN, RESID=gen, GTMA=_general_mode() == "tma",
+        num_stages=int(os.environ.get("FP4REF_CHAIN_FSTAGES", "1")),
+        EXP=int(os.environ.get("FP4REF_CHAIN_EXP", "0")),
         num_warps=cfg["full_warps"], **common)
 
 

@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--modes", default="tma")
     ap.add_argument("--sets", default="nvfp4_gaussian,nvfp4_wide_scales_nan,nvfp4_heavy_tails,"
                     "mxfp4_gaussian,mxfp4_wide_scales_nan")
+    ap.add_argument("--exps", default="0", help="FP4REF_CHAIN_EXP values (ablations)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     S, dev = args.size, torch.device("cuda")
@@ -42,11 +43,13 @@ def main() -> int:
         ops = B._packed(ac, asc, bc, bsc, fmt, dev)
         grid = [("128,128,8,3,8,8,1", "tma")] if name.endswith("gaussian") else [
             (c, m) for c in args.configs.split(";") for m in args.modes.split(",")]
-        for cfg, mode in grid:
+        exps = ["0"] if name.endswith("gaussian") else args.exps.split(",")
+        for cfg, mode, exp in [(c, m, e) for c, m in grid for e in exps]:
             os.environ["FP4REF_CHAIN_CONFIG"], os.environ["FP4REF_CHAIN_GENERAL"] = cfg, mode
+            os.environ["FP4REF_CHAIN_EXP"] = exp
             sec = median_seconds(lambda: scaled_mm(*ops, alpha=al, out_dtype=torch.bfloat16),
                                  dev, 3)
-            rows.append({"set": name, "config": cfg, "mode": mode, "seconds": sec,
+            rows.append({"set": name, "config": cfg, "mode": mode, "exp": exp, "seconds": sec,
                          "fraction_of_cublas_bf16": rows[0]["seconds"] / sec,
                          "paths": B._paths(ops, fmt, dev)})
             print(json.dumps(rows[-1]), flush=True)
