@@ -183,11 +183,11 @@ if HAVE_TRITON:
         return ((uhi & 0xFFFF0000) | (ulo >> 16)).to(tl.int32, bitcast=True)
 
     @triton.jit
-    def _prep_kernel(CODES, SC, OUTF, OUTG, EXPS, ST, STI, NANR,
-                     R, KB, KW, NB, NG, NP,
+    def _prep_kernel(CODES, SC, OUTF, OUTG, OUT4, EXPS, ST, STI, NANR,
+                     R, KB, KW, NB, NG, NP, NPAD,
                      RB: tl.constexpr, PC: tl.constexpr, PACKED: tl.constexpr,
                      UE8: tl.constexpr, BLOCK: tl.constexpr, GEN: tl.constexpr,
-                     FOLD: tl.constexpr):
+                     FOLD: tl.constexpr, COPIES: tl.constexpr):
         # program (row block, PC instructions): words [RB, PC, 32] (a word = two elements)
         rb = tl.program_id(0)
         rows = rb * RB + tl.arange(0, RB)
@@ -215,6 +215,10 @@ if HAVE_TRITON:
         tl.store(OUTF + r3 * KW + w, _bf16_word(flo, fhi), mask=m3)
         if GEN:
             tl.store(OUTG + r3 * KW + w, _bf16_word(vlo, vhi), mask=m3)
+        if COPIES:   # GENERAL's operand, group g of every instruction in copy g (zeros elsewhere)
+            cw = _bf16_word(vlo, vhi) if GEN else _bf16_word(flo, fhi)
+            g4 = (w % 32) // 8
+            tl.store(OUT4 + (g4 * NPAD + r3) * KW + w, cw, mask=m3)
         # ||a'||^2 per (row, instruction), rounded up; +inf where a scale was not folded
         sq = tl.sum(flo * flo + fhi * fhi, axis=2) * 1.0000152587890625    # 1 + 2^-16
         unf = tl.max((fold == 0).to(tl.int32), axis=2)
@@ -330,8 +334,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
-                 RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                 GTMA: tl.constexpr, EXP: tl.constexpr = 0):
+                 B4, NPAD, co, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+                 GMODE: tl.constexpr, EXP: tl.constexpr = 0):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
         (cvt.rzi: one conversion, the cut itself); their sum is exact (|sum| < 2^40), and
@@ -362,7 +366,9 @@ if HAVE_TRITON:
         for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
             if EXP & 1:
                 x = C * 0.5
-            elif GTMA:         # a single group's sum is exact in the dot, as below
+            elif GMODE == 2:   # copy g of B holds group g alone (prepass): no masking here
+                x = _dot(ga, B4.load([g * NPAD + co, 64 * p]).T, F32DOT)
+            elif GMODE == 1:   # a single group's sum is exact in the dot, as below
                 x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), gb, F32DOT)
             else:
                 k0 = 64 * p + 16 * g
@@ -402,7 +408,7 @@ if HAVE_TRITON:
         # 2^(2 esmin + 30) = (2^(L + 23))^2 with L = esmin - 8: the dot's exactness window
         ok = (esmin >= -90) & (esmax <= 90) & (esmax - esmin <= 27) \
             & (bsq < _p2d(2 * esmin + 30)) & (CB < _p2d(esmin + 27))
-        return ok, tl.sqrt(bsq) * 1.000001, esmax
+        return ok, tl.sqrt(bsq) * 1.000001, esmax, esmin
 
     @triton.jit
     def _fast_or_medium(C, d, cmin, esmax, EA, EB, rows, rmask, cols, cmask, p, NP,
@@ -419,28 +425,29 @@ if HAVE_TRITON:
         return _add_rz(Ct, d, ASM), path
 
     @triton.jit
-    def _step(C, a, b, ga, gb, CB, ng, SA, SAI, SB, SBI, AG, BG, AGI, BGI, EA, EB,
+    def _step(C, a, b, ga, gb, CB, ng, SA, SAI, SB, SBI, B4, NPAD, AGI, BGI, EA, EB,
               roff, rows, rmask, coff, cols, cmask, p, K, NP, RESID: tl.constexpr,
-              F32DOT: tl.constexpr, ASM: tl.constexpr, GTMA: tl.constexpr, EXP: tl.constexpr = 0):
+              F32DOT: tl.constexpr, ASM: tl.constexpr, GMODE: tl.constexpr,
+              EXP: tl.constexpr = 0):
         """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2).
-        The full dot and the min |C| reduction only where FAST / MEDIUM runs."""
-        ok, bnd, esmax = _fast_ok(SA, SAI, SB, SBI, p, NP, CB)
+        The full dot and the min |C| reduction only where FAST / MEDIUM runs.  The bound on
+        |C| grows by FAST's bound on |D| on every path (GENERAL's cut terms sum to at most
+        |C| + sum_g |T_g| <= |C| + ||a'|| ||b'||), so no reduction over C; the -0 flag only
+        where GENERAL can make a -0 (an underflow: ue8m0 with es < -114; or the flag set)."""
+        ok, bnd, esmax, esmin = _fast_ok(SA, SAI, SB, SBI, p, NP, CB)
         if ok & (ng == 0):
             Cn, path = _fast_or_medium(C, _dot(a, b, F32DOT), _cmin(C), esmax, EA, EB, rows,
                                        rmask, cols, cmask, p, NP, ASM)
-            CBn = CB + bnd
             ngn = ng
         else:
             Cn = _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
-                          RESID, F32DOT, ASM, GTMA, EXP)
-            if EXP & 2:
-                CBn = CB * 2.0
-                ngn = ng
-            else:
-                CBn = tl.max(tl.abs(Cn)).to(tl.float64)
+                          B4, NPAD, coff, RESID, F32DOT, ASM, GMODE, EXP)
+            if RESID & (esmin < -114):   # a result below 2^-149 rounds to a signed zero
                 ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
+            else:
+                ngn = ng
             path = 2
-        return Cn, CBn, ngn, path
+        return Cn, CB + bnd, ngn, path
 
     @triton.jit
     def _plan_kernel(SA, SAI, SB, SBI, FLAG, NP: tl.constexpr):
@@ -451,8 +458,8 @@ if HAVE_TRITON:
         CB = tl.max(tl.zeros((2,), tl.float64))
         bad = tl.max(tl.zeros((2,), tl.int32))
         for p in range(0, NP):
-            ok, bnd, _ = _fast_ok(SA + qm * 3 * NP, SAI + qm * 3 * NP, SB + qn * 3 * NP,
-                                  SBI + qn * 3 * NP, p, NP, CB)
+            ok, bnd, _, _ = _fast_ok(SA + qm * 3 * NP, SAI + qm * 3 * NP, SB + qn * 3 * NP,
+                                     SBI + qn * 3 * NP, p, NP, CB)
             bad = tl.maximum(bad, 1 - ok.to(tl.int32))
             CB = CB + bnd
         tl.store(FLAG + qm * tl.num_programs(1) + qn, bad)
@@ -559,11 +566,11 @@ if HAVE_TRITON:
             tl.atomic_add(CNT + 1, FS * FS * 4 * nmed)          # QM x QN blocks
 
     @triton.jit
-    def _full_kernel(ADF, BDF, ADG, BDG, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
-                     OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
+    def _full_kernel(ADF, BDF, ADG, BDG, B4, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR,
+                     NANC, OUT, CNT, M, N, K, NPAD, alpha, NP: tl.constexpr,
                      QM: tl.constexpr, QN: tl.constexpr, FS: tl.constexpr,
                      RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GTMA: tl.constexpr,
+                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GMODE: tl.constexpr,
                      EXP: tl.constexpr = 0):
         """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included.
         FS: the block is 1 / FS of a statistics block (BM/2 x BN/2) each way; it takes its path
@@ -592,15 +599,18 @@ if HAVE_TRITON:
             for p in range(0, NP):
                 a = ADF.load([ro, 64 * p])
                 b = BDF.load([co, 64 * p]).T
-                if GTMA and RESID:   # ue8m0: the e2m1 values alone
+                if GMODE == 1 and RESID:   # ue8m0: the e2m1 values alone
                     ga = ADG.load([ro, 64 * p])
                     gb = BDG.load([co, 64 * p]).T
+                elif GMODE == 2 and RESID:
+                    ga = ADG.load([ro, 64 * p])
+                    gb = b
                 else:
                     ga = a
                     gb = b
                 C, CB, ng, k = _step(C, a, b, ga, gb, CB, ng, sa, sai, sb, sbi,
-                                     ADG, BDG, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
-                                     p, K, NP, RESID, F32DOT, ASM, GTMA, EXP)
+                                     B4, NPAD, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
+                                     p, K, NP, RESID, F32DOT, ASM, GMODE, EXP)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
                 n2 += (k == 2).to(tl.int32)
@@ -666,22 +676,26 @@ def _codes(name: str, x, rows: int, K: int) -> tuple[torch.Tensor, bool]:
 
 
 def _prepare(codes, packed: bool, scales, K: int, RB: int, nblocks: int, sf: str, block: int,
-             gen: bool):
+             gen: bool, npad: int = 0):
     """The prepass of one operand: (bf16 a * s_a, bf16 a (gen) or the same, int8 group
-    exponents [R, K/16], block statistics float32 [nblocks, 3, NP], int32 NaN rows)."""
+    exponents [R, K/16], block statistics float32 [nblocks, 3, NP], int32 NaN rows, and with
+    npad > 0 GENERAL's group copies [4 npad, K]: copy g holds group g of each instruction of
+    the dot operand (gen: a; else a * s_a), zeros elsewhere and in rows R..npad-1)."""
     R, dev, NP = codes.shape[0], codes.device, K // 64
     outf = torch.empty(R, K, dtype=torch.bfloat16, device=dev)
     outg = torch.empty(R, K, dtype=torch.bfloat16, device=dev) if gen else outf
+    out4 = torch.zeros(4 * npad, K, dtype=torch.bfloat16, device=dev) if npad else outf
     exps = torch.empty(R, K // 16, dtype=torch.int8, device=dev)
     st = torch.zeros(nblocks, 3, NP, dtype=torch.float32, device=dev)
     nan = torch.zeros(R, dtype=torch.int32, device=dev)
     PC = max(1, 4096 // (RB * 32))          # 4096 words per program: no register spills
     grid = (triton.cdiv(R, RB), triton.cdiv(NP, PC))
-    _prep_kernel[grid](codes, scales, outf.view(torch.int32), outg.view(torch.int32), exps, st,
-                       st.view(torch.int32), nan, R, codes.shape[1], K // 2, scales.shape[1],
-                       K // 16, NP, RB=RB, PC=PC, PACKED=packed, UE8=sf == "ue8m0", BLOCK=block,
-                       GEN=gen, FOLD=_FOLD, num_warps=8)
-    return outf, outg, exps, st, nan
+    _prep_kernel[grid](codes, scales, outf.view(torch.int32), outg.view(torch.int32),
+                       out4.view(torch.int32), exps, st, st.view(torch.int32), nan, R,
+                       codes.shape[1], K // 2, scales.shape[1], K // 16, NP, npad, RB=RB, PC=PC,
+                       PACKED=packed, UE8=sf == "ue8m0", BLOCK=block, GEN=gen, FOLD=_FOLD,
+                       COPIES=npad > 0, num_warps=8)
+    return outf, outg, exps, st, nan, out4
 
 
 def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int, alpha,
@@ -714,10 +728,10 @@ def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int
     return K
 
 
-def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> None:
+def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool, mode: str) -> None:
     """The plan, then the FAST kernel on unflagged BM x BN tiles and the GENERAL-capable
     kernel on the BM/2 x BN/2 blocks of flagged ones (both launched; each skips the other's)."""
-    (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc) = A, B
+    (af, ag, ea, sa, nanr, _), (bf, bg, eb, sb, nanc, b4) = A, B
     BM, BN, interp = cfg["BM"], cfg["BN"], interpreting()
     FS = cfg["full_split"]
     QM, QN = BM // (2 * FS), BN // (2 * FS)
@@ -735,16 +749,17 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
         _desc(af, BM), _desc(bf, BN), ea, eb, sai, sbi, flag, nanr, nanc, o, cnt, M, N, al,
         BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], num_stages=cfg["num_stages"],
         num_warps=cfg["num_warps"], **common)
+    gmode = GENERAL_MODES.index(mode)
     _full_kernel[(FS * nqm, FS * nqn)](
-        _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), ag.view(torch.int16),
-        bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
-        QM=QM, QN=QN, RESID=gen, GTMA=_general_mode() == "tma",
+        _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), _desc(b4, QN),
+        ag.view(torch.int16), bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc,
+        o, cnt, M, N, K, b4.shape[0] // 4, al, QM=QM, QN=QN, RESID=gen, GMODE=gmode,
         num_stages=int(os.environ.get("FP4REF_CHAIN_FSTAGES", "1")),
         EXP=int(os.environ.get("FP4REF_CHAIN_EXP", "0")),
         num_warps=cfg["full_warps"], **common)
 
 
-GENERAL_MODES = ("loads", "tma")
+GENERAL_MODES = ("loads", "tma", "copies")
 
 
 def _general_mode() -> str:
@@ -789,11 +804,12 @@ def chain_mm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_bt:
     BM, BN = cfg["BM"], cfg["BN"]
     gen = scale_format == "ue8m0"
     nmt = triton.cdiv(M, BM)
-    af, ag, ea, sa, nanr = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt,
-                                    scale_format, block, gen)
-    bf, bg, eb, sb, nanc = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2,
-                                    2 * triton.cdiv(N, BN), scale_format, block, gen)
+    mode = _general_mode()
+    copies = mode == "copies"
+    A = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt, scale_format, block, gen)
+    B = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2, 2 * triton.cdiv(N, BN),
+                 scale_format, block, gen, triton.cdiv(N, BN) * BN if copies else 0)
     out = torch.empty(M, N, dtype=out_dtype, device=dev)
     cnt = counts if counts is not None else torch.zeros(3, dtype=torch.int32, device=dev)
-    _launch(cfg, (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc), out, cnt, M, N, K, alpha, gen)
+    _launch(cfg, A, B, out, cnt, M, N, K, alpha, gen, mode)
     return out
