@@ -37,18 +37,21 @@ How each step stays exact:
   that) is >= max es - 35, a scalar test; else while min |C| over the nonzero C >= 2^(max
   es - 12) (one reduction); else MEDIUM: C is first truncated at its own q = 2^(max_g
   es_g - 35) (per output) by an add rounded toward zero.
-* ``_full_kernel`` (BM/2 x BN/2 blocks of the other tiles): FAST / MEDIUM where the
-  statistics allow it, else GENERAL: E per output; in the frame F = 2^(E - 12) the step q
-  is 2^-23, so each term (C, and the four group terms from four K = 16 dots, one per
-  group: a single group's dot is always exact) is cut in FP32 by RZ(|y| + 1) - 1, the cut
-  terms (multiples of 2^-23 below 2^14) are summed exactly in float64, scaled back by F and
-  rounded toward zero to FP32 by masking the float64 significand (subnormals by a 2^-149
-  floor; beyond 2^128 the conversion gives Inf; -0 only if C and every product are -0).
+* ``_full_kernel`` (BM/(2 full_split) x BN/(2 full_split) blocks of the other tiles, each
+  taking its paths from its statistics block's bounds and its own C): FAST / MEDIUM where
+  the statistics allow it, else GENERAL: E per output; each term (C, and the four group
+  terms from four dots, one per group: a single group's dot is always exact) counted in
+  steps q = 2^(E - 35) and truncated toward zero by one conversion (cvt.rzi.s64.f32), the
+  int64 counts summed exactly, rounded toward zero to FP32 once (cvt.rz.f32.s64) and scaled
+  back by q (exact; ue8m0's subnormal results by mul.rz; beyond 2^128 Inf; -0 only if C and
+  every product are -0).  The bound on |C| grows by the bound on |D| on every path, so
+  GENERAL needs no reduction over C.
   The four group dots: masked K = 64 dots of the TMA tiles already in registers
   (FP4REF_CHAIN_GENERAL="tma", the default) or K = 16 dots of per-group global loads
-  ("loads").  On the H200 "tma" is 10-18% faster (reports/baselines/chain-general/): the
-  loads were not GENERAL's bottleneck; its per-output elementwise work (the frame, four
-  cuts, float64 sums, RZ) is.
+  ("loads").  On the H200 "tma" is 10-18% faster (reports/baselines/chain-general/).
+  Session 17's ablations there (scripts/gpu_chain_grid.py): the four masked dots cost about
+  40% of GENERAL's time, the per-step reductions over C 10-35% (now gone), the loop's
+  skeleton (TMA loads, statistics) 20%; the integer cut saved nothing measurable.
 * Epilogue in the kernels: alpha (one FP32 RNE product), NaN rows / columns, out_dtype
   (bf16 by integer RNE), canonical NaN.
 
@@ -77,10 +80,12 @@ __all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "us
            "chain_mm", "SCALE_BLOCKS", "parse_config", "GENERAL_MODES"]
 
 # _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
-# sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, where GENERAL's
-# float64 accumulator fits the register file.  GROUP_M row tiles share B tiles in L2.
-CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 8,
-          "full_split": 1}
+# sm_90 build has no register spills); _full_kernel: BM/4 x BN/4 blocks, 4 warps (sm_90: 163
+# registers, three CTAs per SM; on the H200 GENERAL runs 1.3-1.7x faster than on BM/2 x BN/2
+# blocks with 8 warps, reports/baselines/chain-general/h200-grid-session17.json).  GROUP_M
+# row tiles share B tiles in L2.
+CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 4,
+          "full_split": 2}
 _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M": 2,
                   "full_warps": 4, "full_split": 1}
 SCALE_BLOCKS = {"ue4m3": (16,), "ue8m0": (32, 16)}
@@ -183,11 +188,11 @@ if HAVE_TRITON:
         return ((uhi & 0xFFFF0000) | (ulo >> 16)).to(tl.int32, bitcast=True)
 
     @triton.jit
-    def _prep_kernel(CODES, SC, OUTF, OUTG, OUT4, EXPS, ST, STI, NANR,
-                     R, KB, KW, NB, NG, NP, NPAD,
+    def _prep_kernel(CODES, SC, OUTF, OUTG, EXPS, ST, STI, NANR,
+                     R, KB, KW, NB, NG, NP,
                      RB: tl.constexpr, PC: tl.constexpr, PACKED: tl.constexpr,
                      UE8: tl.constexpr, BLOCK: tl.constexpr, GEN: tl.constexpr,
-                     FOLD: tl.constexpr, COPIES: tl.constexpr):
+                     FOLD: tl.constexpr):
         # program (row block, PC instructions): words [RB, PC, 32] (a word = two elements)
         rb = tl.program_id(0)
         rows = rb * RB + tl.arange(0, RB)
@@ -215,10 +220,6 @@ if HAVE_TRITON:
         tl.store(OUTF + r3 * KW + w, _bf16_word(flo, fhi), mask=m3)
         if GEN:
             tl.store(OUTG + r3 * KW + w, _bf16_word(vlo, vhi), mask=m3)
-        if COPIES:   # GENERAL's operand, group g of every instruction in copy g (zeros elsewhere)
-            cw = _bf16_word(vlo, vhi) if GEN else _bf16_word(flo, fhi)
-            g4 = (w % 32) // 8
-            tl.store(OUT4 + (g4 * NPAD + r3) * KW + w, cw, mask=m3)
         # ||a'||^2 per (row, instruction), rounded up; +inf where a scale was not folded
         sq = tl.sum(flo * flo + fhi * fhi, axis=2) * 1.0000152587890625    # 1 + 2^-16
         unf = tl.max((fold == 0).to(tl.int32), axis=2)
@@ -334,8 +335,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
-                 B4, NPAD, co, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                 GMODE: tl.constexpr, EXP: tl.constexpr = 0):
+                 RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+                 GTMA: tl.constexpr):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
         (cvt.rzi: one conversion, the cut itself); their sum is exact (|sum| < 2^40), and
@@ -346,14 +347,7 @@ if HAVE_TRITON:
         [rows, 64], gb [64, cols] already in registers (loaded by TMA; 4x the tensor work of one
         dot).  AGI / BGI: the dot operands (ue8m0: e2m1 values alone; ue4m3: a * s_a) as int16
         bits, [rows, K]."""
-        if EXP & 8:
-            return C
-        if EXP & 4:
-            esm = tl.zeros(C.shape, tl.int32)
-            wa = tl.zeros(rows.shape, tl.int32)
-            wb = tl.zeros(cols.shape, tl.int32)
-        else:
-            esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
+        esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
         cb = C.to(tl.int32, bitcast=True)
         E = tl.maximum(tl.maximum((cb >> 23) & 255, 1) - 127, esm)   # C = 0 or subnormal: -126
         s = 35 - E                                       # a term t counts t * 2^s steps q
@@ -364,11 +358,7 @@ if HAVE_TRITON:
         kk = tl.arange(0, 16)
         kq = tl.arange(0, 64) // 16
         for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
-            if EXP & 1:
-                x = C * 0.5
-            elif GMODE == 2:   # copy g of B holds group g alone (prepass): no masking here
-                x = _dot(ga, B4.load([g * NPAD + co, 64 * p]).T, F32DOT)
-            elif GMODE == 1:   # a single group's sum is exact in the dot, as below
+            if GTMA:         # a single group's sum is exact in the dot, as below
                 x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), gb, F32DOT)
             else:
                 k0 = 64 * p + 16 * g
@@ -425,15 +415,14 @@ if HAVE_TRITON:
         return _add_rz(Ct, d, ASM), path
 
     @triton.jit
-    def _step(C, a, b, ga, gb, CB, ng, SA, SAI, SB, SBI, B4, NPAD, AGI, BGI, EA, EB,
+    def _step(C, a, b, ga, gb, CB, ng, SA, SAI, SB, SBI, AG, BG, AGI, BGI, EA, EB,
               roff, rows, rmask, coff, cols, cmask, p, K, NP, RESID: tl.constexpr,
-              F32DOT: tl.constexpr, ASM: tl.constexpr, GMODE: tl.constexpr,
-              EXP: tl.constexpr = 0):
+              F32DOT: tl.constexpr, ASM: tl.constexpr, GTMA: tl.constexpr):
         """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2).
         The full dot and the min |C| reduction only where FAST / MEDIUM runs.  The bound on
         |C| grows by FAST's bound on |D| on every path (GENERAL's cut terms sum to at most
-        |C| + sum_g |T_g| <= |C| + ||a'|| ||b'||), so no reduction over C; the -0 flag only
-        where GENERAL can make a -0 (an underflow: ue8m0 with es < -114; or the flag set)."""
+        |C| + sum_g |T_g| <= |C| + ||a'|| ||b'||): no reduction over C.  The -0 flag is
+        reduced only where GENERAL can make a -0 (a result below 2^-149: ue8m0, es < -114)."""
         ok, bnd, esmax, esmin = _fast_ok(SA, SAI, SB, SBI, p, NP, CB)
         if ok & (ng == 0):
             Cn, path = _fast_or_medium(C, _dot(a, b, F32DOT), _cmin(C), esmax, EA, EB, rows,
@@ -441,10 +430,10 @@ if HAVE_TRITON:
             ngn = ng
         else:
             Cn = _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
-                          B4, NPAD, coff, RESID, F32DOT, ASM, GMODE, EXP)
-            if RESID & (esmin < -114):   # a result below 2^-149 rounds to a signed zero
+                          RESID, F32DOT, ASM, GTMA)
+            if RESID & (esmin < -114):   # 2^(E - 35) < 2^-149: a -0 from a tiny negative sum
                 ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
-            else:
+            else:                        # else -0 only where C is -0 (the flag is set)
                 ngn = ng
             path = 2
         return Cn, CB + bnd, ngn, path
@@ -566,12 +555,11 @@ if HAVE_TRITON:
             tl.atomic_add(CNT + 1, FS * FS * 4 * nmed)          # QM x QN blocks
 
     @triton.jit
-    def _full_kernel(ADF, BDF, ADG, BDG, B4, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR,
-                     NANC, OUT, CNT, M, N, K, NPAD, alpha, NP: tl.constexpr,
+    def _full_kernel(ADF, BDF, ADG, BDG, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
+                     OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
                      QM: tl.constexpr, QN: tl.constexpr, FS: tl.constexpr,
                      RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GMODE: tl.constexpr,
-                     EXP: tl.constexpr = 0):
+                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GTMA: tl.constexpr):
         """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included.
         FS: the block is 1 / FS of a statistics block (BM/2 x BN/2) each way; it takes its path
         per step from that block's statistics (bounds of a larger block hold for its part) and
@@ -599,18 +587,15 @@ if HAVE_TRITON:
             for p in range(0, NP):
                 a = ADF.load([ro, 64 * p])
                 b = BDF.load([co, 64 * p]).T
-                if GMODE == 1 and RESID:   # ue8m0: the e2m1 values alone
+                if GTMA and RESID:   # ue8m0: the e2m1 values alone
                     ga = ADG.load([ro, 64 * p])
                     gb = BDG.load([co, 64 * p]).T
-                elif GMODE == 2 and RESID:
-                    ga = ADG.load([ro, 64 * p])
-                    gb = b
                 else:
                     ga = a
                     gb = b
                 C, CB, ng, k = _step(C, a, b, ga, gb, CB, ng, sa, sai, sb, sbi,
-                                     B4, NPAD, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
-                                     p, K, NP, RESID, F32DOT, ASM, GMODE, EXP)
+                                     ADG, BDG, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
+                                     p, K, NP, RESID, F32DOT, ASM, GTMA)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
                 n2 += (k == 2).to(tl.int32)
@@ -676,26 +661,22 @@ def _codes(name: str, x, rows: int, K: int) -> tuple[torch.Tensor, bool]:
 
 
 def _prepare(codes, packed: bool, scales, K: int, RB: int, nblocks: int, sf: str, block: int,
-             gen: bool, npad: int = 0):
+             gen: bool):
     """The prepass of one operand: (bf16 a * s_a, bf16 a (gen) or the same, int8 group
-    exponents [R, K/16], block statistics float32 [nblocks, 3, NP], int32 NaN rows, and with
-    npad > 0 GENERAL's group copies [4 npad, K]: copy g holds group g of each instruction of
-    the dot operand (gen: a; else a * s_a), zeros elsewhere and in rows R..npad-1)."""
+    exponents [R, K/16], block statistics float32 [nblocks, 3, NP], int32 NaN rows)."""
     R, dev, NP = codes.shape[0], codes.device, K // 64
     outf = torch.empty(R, K, dtype=torch.bfloat16, device=dev)
     outg = torch.empty(R, K, dtype=torch.bfloat16, device=dev) if gen else outf
-    out4 = torch.zeros(4 * npad, K, dtype=torch.bfloat16, device=dev) if npad else outf
     exps = torch.empty(R, K // 16, dtype=torch.int8, device=dev)
     st = torch.zeros(nblocks, 3, NP, dtype=torch.float32, device=dev)
     nan = torch.zeros(R, dtype=torch.int32, device=dev)
     PC = max(1, 4096 // (RB * 32))          # 4096 words per program: no register spills
     grid = (triton.cdiv(R, RB), triton.cdiv(NP, PC))
-    _prep_kernel[grid](codes, scales, outf.view(torch.int32), outg.view(torch.int32),
-                       out4.view(torch.int32), exps, st, st.view(torch.int32), nan, R,
-                       codes.shape[1], K // 2, scales.shape[1], K // 16, NP, npad, RB=RB, PC=PC,
-                       PACKED=packed, UE8=sf == "ue8m0", BLOCK=block, GEN=gen, FOLD=_FOLD,
-                       COPIES=npad > 0, num_warps=8)
-    return outf, outg, exps, st, nan, out4
+    _prep_kernel[grid](codes, scales, outf.view(torch.int32), outg.view(torch.int32), exps, st,
+                       st.view(torch.int32), nan, R, codes.shape[1], K // 2, scales.shape[1],
+                       K // 16, NP, RB=RB, PC=PC, PACKED=packed, UE8=sf == "ue8m0", BLOCK=block,
+                       GEN=gen, FOLD=_FOLD, num_warps=8)
+    return outf, outg, exps, st, nan
 
 
 def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int, alpha,
@@ -728,10 +709,10 @@ def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int
     return K
 
 
-def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool, mode: str) -> None:
+def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> None:
     """The plan, then the FAST kernel on unflagged BM x BN tiles and the GENERAL-capable
     kernel on the BM/2 x BN/2 blocks of flagged ones (both launched; each skips the other's)."""
-    (af, ag, ea, sa, nanr, _), (bf, bg, eb, sb, nanc, b4) = A, B
+    (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc) = A, B
     BM, BN, interp = cfg["BM"], cfg["BN"], interpreting()
     FS = cfg["full_split"]
     QM, QN = BM // (2 * FS), BN // (2 * FS)
@@ -749,17 +730,14 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool, mode:
         _desc(af, BM), _desc(bf, BN), ea, eb, sai, sbi, flag, nanr, nanc, o, cnt, M, N, al,
         BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], num_stages=cfg["num_stages"],
         num_warps=cfg["num_warps"], **common)
-    gmode = GENERAL_MODES.index(mode)
     _full_kernel[(FS * nqm, FS * nqn)](
-        _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), _desc(b4, QN),
-        ag.view(torch.int16), bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc,
-        o, cnt, M, N, K, b4.shape[0] // 4, al, QM=QM, QN=QN, RESID=gen, GMODE=gmode,
-        num_stages=int(os.environ.get("FP4REF_CHAIN_FSTAGES", "1")),
-        EXP=int(os.environ.get("FP4REF_CHAIN_EXP", "0")),
+        _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), ag.view(torch.int16),
+        bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
+        QM=QM, QN=QN, RESID=gen, GTMA=_general_mode() == "tma", num_stages=1,
         num_warps=cfg["full_warps"], **common)
 
 
-GENERAL_MODES = ("loads", "tma", "copies")
+GENERAL_MODES = ("loads", "tma")
 
 
 def _general_mode() -> str:
@@ -804,12 +782,11 @@ def chain_mm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_bt:
     BM, BN = cfg["BM"], cfg["BN"]
     gen = scale_format == "ue8m0"
     nmt = triton.cdiv(M, BM)
-    mode = _general_mode()
-    copies = mode == "copies"
-    A = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt, scale_format, block, gen)
-    B = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2, 2 * triton.cdiv(N, BN),
-                 scale_format, block, gen, triton.cdiv(N, BN) * BN if copies else 0)
+    af, ag, ea, sa, nanr = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt,
+                                    scale_format, block, gen)
+    bf, bg, eb, sb, nanc = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2,
+                                    2 * triton.cdiv(N, BN), scale_format, block, gen)
     out = torch.empty(M, N, dtype=out_dtype, device=dev)
     cnt = counts if counts is not None else torch.zeros(3, dtype=torch.int32, device=dev)
-    _launch(cfg, A, B, out, cnt, M, N, K, alpha, gen, mode)
+    _launch(cfg, (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc), out, cnt, M, N, K, alpha, gen)
     return out
