@@ -91,7 +91,7 @@ _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M"
 SCALE_BLOCKS = {"ue4m3": (16,), "ue8m0": (32, 16)}
 BACKENDS = ("auto", "triton", "torch")
 _FOLD = 48            # ue8m0 scales with |exponent| <= 48 are folded into the bf16 operand
-GENERAL_DEFAULT = "tma"   # measured on the H200: reports/baselines/chain-general/
+GENERAL_DEFAULT = "slices"   # measured on the H200: reports/baselines/chain-general/
 _OUT_KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -245,35 +245,30 @@ if HAVE_TRITON:
         return (w << (24 - 8 * g)) >> 24
 
     @triton.jit
-    def _esmax(EA, EB, rows, rmask, cols, cmask, p, NP):
-        """(max_g es_g per output, the packed exponent words of the rows and of the columns).
-        Byte g of a word (group 0 lowest) is (w << (24 - 8 g)) >> 24."""
+    def _words(EA, EB, rows, rmask, cols, cmask, p, NP):
+        """The packed group-exponent words of step p: of the rows, of the columns."""
         wa = tl.load(EA + rows.to(tl.int64) * NP + p, mask=rmask, other=0)
         wb = tl.load(EB + cols.to(tl.int64) * NP + p, mask=cmask, other=0)
+        return wa, wb
+
+    @triton.jit
+    def _esmax(wa, wb):
+        """max_g es_g per output from the rows' and columns' words (byte g of a word, group 0
+        lowest, is (w << (24 - 8 g)) >> 24)."""
         esm = ((wa << 24) >> 24)[:, None] + ((wb << 24) >> 24)[None, :]
         esm = tl.maximum(esm, ((wa << 16) >> 24)[:, None] + ((wb << 16) >> 24)[None, :])
         esm = tl.maximum(esm, ((wa << 8) >> 24)[:, None] + ((wb << 8) >> 24)[None, :])
-        return tl.maximum(esm, (wa >> 24)[:, None] + (wb >> 24)[None, :]), wa, wb
+        return tl.maximum(esm, (wa >> 24)[:, None] + (wb >> 24)[None, :])
 
     @triton.jit
     def _cut(C, EA, EB, rows, rmask, cols, cmask, p, NP, ASM: tl.constexpr):
         """MEDIUM's C: truncated toward zero at q = 2^(max_g es_g - 35) where |C| is small."""
-        esm, _, _ = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
-        big = _p2f(esm - 12)        # |C| below it: C's bits under q = ulp(big) are cut
+        wa, wb = _words(EA, EB, rows, rmask, cols, cmask, p, NP)
+        big = _p2f(_esmax(wa, wb) - 12)        # |C| below it: C's bits under q = ulp(big) are cut
         ac = tl.abs(C)
         tr = _add_rz(ac, big, ASM) - big
         tr = tl.where(C < 0, 0.0 - tr, tr)   # a nonzero C cut to zero is +0
         return tl.where(ac < big, tr, C)
-
-    @triton.jit
-    def _cut23(y, ASM: tl.constexpr):
-        """y truncated toward zero to a multiple of 2^-23 (exact in float32): RZ(|y| + 1) - 1
-        where |y| < 1; a larger |y| already is such a multiple (callers' frames)."""
-        ay = tl.abs(y)
-        t = _add_rz(ay, tl.full(y.shape, 1.0, tl.float32), ASM) - 1.0
-        t = tl.where(ay < 1.0, t, ay)
-        sgn = y.to(tl.int32, bitcast=True) & -2147483648
-        return (t.to(tl.int32, bitcast=True) | sgn).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _rz32(v, TINY: tl.constexpr):
@@ -334,42 +329,42 @@ if HAVE_TRITON:
         return y.to(tl.int64)
 
     @triton.jit
-    def _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
+    def _term(x, s, wa, wb, g, RESID: tl.constexpr):
+        """A group term in steps q, truncated (int64): x = T_g (ue4m3) or S_g (ue8m0, whose
+        group scale exponent joins here; far below q: cut to 0)."""
+        if RESID:
+            return _in_q(x, s + _grp(wa, g)[:, None] + _grp(wb, g)[None, :], RESID)
+        return _in_q(x, s, RESID)
+
+    @triton.jit
+    def _general(C, ops, wa, wb, AGI, BGI, rows, rmask, cols, cmask, p, K, ng,
                  RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                 GTMA: tl.constexpr):
+                 SLICES: tl.constexpr):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
         (cvt.rzi: one conversion, the cut itself); their sum is exact (|sum| < 2^40), and
         rounded toward zero to FP32 once (cvt.rz.f32.s64), then scaled back by q (exact, or Inf
         beyond 2^128; ue8m0's subnormal results by mul.rz).  The group terms come from four
-        dots, one per group (a single group's sum is always exact in the dot): K = 16 dots of
-        per-group global loads, or (GTMA) four masked K = 64 dots of the instruction's tiles ga
-        [rows, 64], gb [64, cols] already in registers (loaded by TMA; 4x the tensor work of one
-        dot).  AGI / BGI: the dot operands (ue8m0: e2m1 values alone; ue4m3: a * s_a) as int16
-        bits, [rows, K]."""
-        esm, wa, wb = _esmax(EA, EB, rows, rmask, cols, cmask, p, NP)
+        dots, one per group (a single group's sum is always exact in the dot), of the operand
+        tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, ops =
+        four [rows, 16] and four [16, cols] slices, one K = 16 dot each; else ops[2], ops[3] =
+        [rows, 64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a
+        masked copy per group).  AGI / BGI: the same operands as int16 bits, [rows, K]."""
+        esm = _esmax(wa, wb)
         cb = C.to(tl.int32, bitcast=True)
         E = tl.maximum(tl.maximum((cb >> 23) & 255, 1) - 127, esm)   # C = 0 or subnormal: -126
         s = 35 - E                                       # a term t counts t * 2^s steps q
         cinf = (cb & 0x7FFFFFFF) == 0x7F800000           # Inf C stays Inf (no Inf - Inf here)
         acc = _in_q(tl.where(cinf, 0.0, C), s, RESID)
-        ra = rows[:, None].to(tl.int64) * K
-        cc = cols[None, :].to(tl.int64) * K
-        kk = tl.arange(0, 16)
-        kq = tl.arange(0, 64) // 16
-        for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
-            if GTMA:         # a single group's sum is exact in the dot, as below
-                x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), gb, F32DOT)
-            else:
-                k0 = 64 * p + 16 * g
-                ag = tl.load(AGI + ra + (k0 + kk)[None, :], mask=rmask[:, None], other=0)
-                bg = tl.load(BGI + cc + (k0 + kk)[:, None], mask=cmask[None, :], other=0)
-                x = _dot(ag.to(tl.bfloat16, bitcast=True), bg.to(tl.bfloat16, bitcast=True),
-                         F32DOT)
-            if RESID:   # x = S_g: the group's scale exponent joins here (far below: cut to 0)
-                acc += _in_q(x, s + _grp(wa, g)[:, None] + _grp(wb, g)[None, :], RESID)
-            else:       # x = T_g
-                acc += _in_q(x, s, RESID)
+        if SLICES:
+            for g in tl.static_range(4):
+                acc += _term(_dot(ops[g], ops[4 + g], F32DOT), s, wa, wb, g, RESID)
+        else:
+            ga = ops[2]
+            kq = tl.arange(0, 64) // 16
+            for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
+                x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), ops[3], F32DOT)
+                acc += _term(x, s, wa, wb, g, RESID)
         r = _cvt_rz(acc, ASM)                            # 24 bits, |r| < 2^40, +0 for 0
         if RESID:   # 2^(E - 35) in two steps: r * 2^-126 is normal (r = 0 or |r| >= 1)
             e1 = tl.minimum(tl.maximum(-s, -126), 127)
@@ -388,17 +383,22 @@ if HAVE_TRITON:
         return r
 
     @triton.jit
-    def _fast_ok(SA, SAI, SB, SBI, p, NP, CB):
-        """FAST's conditions for one block pair from their statistics (module doc): (ok,
-        bound on |D|, max es).  SA / SAI, SB / SBI: the row and column blocks' statistics
-        (max ||a'||^2, min exp, max exp; [3, NP], float32 / int32 views); CB: bound on |C|."""
+    def _stats(SA, SAI, SB, SBI, p, NP):
+        """A block pair's statistics at step p: (bound on ||a'||^2 ||b'||^2, min es, max es).
+        SA / SAI, SB / SBI: the row and column blocks' (max ||a'||^2, min exp, max exp; [3,
+        NP], float32 / int32 views)."""
         esmin = tl.load(SAI + NP + p) + tl.load(SBI + NP + p)
         esmax = tl.load(SAI + 2 * NP + p) + tl.load(SBI + 2 * NP + p)
-        bsq = tl.load(SA + p).to(tl.float64) * tl.load(SB + p).to(tl.float64)
+        return tl.load(SA + p).to(tl.float64) * tl.load(SB + p).to(tl.float64), esmin, esmax
+
+    @triton.jit
+    def _fast_ok(bsq, esmin, esmax, CB):
+        """FAST's conditions from a block pair's statistics (module doc) and CB, the bound on
+        |C|: (ok, bound on |D|)."""
         # 2^(2 esmin + 30) = (2^(L + 23))^2 with L = esmin - 8: the dot's exactness window
         ok = (esmin >= -90) & (esmax <= 90) & (esmax - esmin <= 27) \
             & (bsq < _p2d(2 * esmin + 30)) & (CB < _p2d(esmin + 27))
-        return ok, tl.sqrt(bsq) * 1.000001, esmax, esmin
+        return ok, tl.sqrt(bsq) * 1.000001
 
     @triton.jit
     def _fast_or_medium(C, d, cmin, esmax, EA, EB, rows, rmask, cols, cmask, p, NP,
@@ -415,22 +415,43 @@ if HAVE_TRITON:
         return _add_rz(Ct, d, ASM), path
 
     @triton.jit
-    def _step(C, a, b, ga, gb, CB, ng, SA, SAI, SB, SBI, AG, BG, AGI, BGI, EA, EB,
-              roff, rows, rmask, coff, cols, cmask, p, K, NP, RESID: tl.constexpr,
-              F32DOT: tl.constexpr, ASM: tl.constexpr, GTMA: tl.constexpr):
-        """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2).
-        The full dot and the min |C| reduction only where FAST / MEDIUM runs.  The bound on
-        |C| grows by FAST's bound on |D| on every path (GENERAL's cut terms sum to at most
-        |C| + sum_g |T_g| <= |C| + ||a'|| ||b'||): no reduction over C.  The -0 flag is
-        reduced only where GENERAL can make a -0 (a result below 2^-149: ue8m0, es < -114)."""
-        ok, bnd, esmax, esmin = _fast_ok(SA, SAI, SB, SBI, p, NP, CB)
+    def _dfast(ops, AF, BF, rows, rmask, cols, cmask, p, K, F32DOT: tl.constexpr,
+               RESID: tl.constexpr, SLICES: tl.constexpr):
+        """FAST's D from the step's tiles (the group slices' dots add exactly under FAST's
+        conditions: every partial sum is exact); ue8m0 slices are GENERAL's operands, so
+        FAST's own tiles are loaded here."""
+        if SLICES:
+            if RESID:
+                d = _dot(_tile(AF, rows, rmask, p, K), _tile(BF, cols, cmask, p, K).T, F32DOT)
+            else:
+                d = _dot(ops[0], ops[4], F32DOT)
+                for g in tl.static_range(1, 4):
+                    d += _dot(ops[g], ops[4 + g], F32DOT)
+        else:
+            d = _dot(ops[0], ops[1], F32DOT)
+        return d
+
+    @triton.jit
+    def _step(C, ops, wa, wb, st, CB, ng, AF, BF, AGI, BGI, EA, EB, rows, rmask, cols, cmask,
+              p, K, NP, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+              SLICES: tl.constexpr):
+        """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2);
+        ops, wa / wb and st (``_stats``): the step's tiles, exponent words and statistics,
+        loaded a step ahead.  The full dot and the min |C| reduction only where FAST / MEDIUM
+        runs.  The bound on |C| grows by FAST's bound on |D| on every path (GENERAL's cut terms
+        sum to at most |C| + sum_g |T_g| <= |C| + ||a'|| ||b'||): no reduction over C.  The -0
+        flag is reduced only where GENERAL can make a -0 (a result below 2^-149: ue8m0, es <
+        -114)."""
+        bsq, esmin, esmax = st
+        ok, bnd = _fast_ok(bsq, esmin, esmax, CB)
         if ok & (ng == 0):
-            Cn, path = _fast_or_medium(C, _dot(a, b, F32DOT), _cmin(C), esmax, EA, EB, rows,
-                                       rmask, cols, cmask, p, NP, ASM)
+            d = _dfast(ops, AF, BF, rows, rmask, cols, cmask, p, K, F32DOT, RESID, SLICES)
+            Cn, path = _fast_or_medium(C, d, _cmin(C), esmax, EA, EB, rows, rmask, cols, cmask,
+                                       p, NP, ASM)
             ngn = ng
         else:
-            Cn = _general(C, ga, gb, AGI, BGI, EA, EB, rows, rmask, cols, cmask, p, K, NP, ng,
-                          RESID, F32DOT, ASM, GTMA)
+            Cn = _general(C, ops, wa, wb, AGI, BGI, rows, rmask, cols, cmask, p, K, ng,
+                          RESID, F32DOT, ASM, SLICES)
             if RESID & (esmin < -114):   # 2^(E - 35) < 2^-149: a -0 from a tiny negative sum
                 ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
             else:                        # else -0 only where C is -0 (the flag is set)
@@ -447,8 +468,8 @@ if HAVE_TRITON:
         CB = tl.max(tl.zeros((2,), tl.float64))
         bad = tl.max(tl.zeros((2,), tl.int32))
         for p in range(0, NP):
-            ok, bnd, _, _ = _fast_ok(SA + qm * 3 * NP, SAI + qm * 3 * NP, SB + qn * 3 * NP,
-                                     SBI + qn * 3 * NP, p, NP, CB)
+            ok, bnd = _fast_ok(*_stats(SA + qm * 3 * NP, SAI + qm * 3 * NP, SB + qn * 3 * NP,
+                                       SBI + qn * 3 * NP, p, NP), CB)
             bad = tl.maximum(bad, 1 - ok.to(tl.int32))
             CB = CB + bnd
         tl.store(FLAG + qm * tl.num_programs(1) + qn, bad)
@@ -555,23 +576,62 @@ if HAVE_TRITON:
             tl.atomic_add(CNT + 1, FS * FS * 4 * nmed)          # QM x QN blocks
 
     @triton.jit
-    def _full_kernel(ADF, BDF, ADG, BDG, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
+    def _tile(X, rows, rmask, p, K):
+        """Step p's [rows, 64] slice of a bf16 [R, K] operand; rows past the operand read as
+        zeros."""
+        kk = tl.arange(0, 64) + 64 * p
+        return tl.load(X + rows[:, None].to(tl.int64) * K + kk[None, :], mask=rmask[:, None],
+                       other=0.0)
+
+    @triton.jit
+    def _group(X, rows, rmask, k0, K):
+        """A [rows, 16] slice (columns k0 ..) of a bf16 [R, K] operand, zeros past R."""
+        kk = tl.arange(0, 16) + k0
+        return tl.load(X + rows[:, None].to(tl.int64) * K + kk[None, :], mask=rmask[:, None],
+                       other=0.0)
+
+    @triton.jit
+    def _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, p, K, RESID: tl.constexpr,
+             SLICES: tl.constexpr):
+        """Step p's operand tiles (``_general``): SLICES, the four groups' [rows, 16] and
+        [16, cols] slices of GENERAL's operands; else (a, b, ga, gb), [rows, 64] / [64, cols]
+        of FAST's and GENERAL's operands (the same where ue4m3)."""
+        if SLICES:
+            X = AG if RESID else AF
+            Y = BG if RESID else BF
+            k0 = 64 * p
+            ops = (_group(X, rows, rmask, k0, K), _group(X, rows, rmask, k0 + 16, K),
+                   _group(X, rows, rmask, k0 + 32, K), _group(X, rows, rmask, k0 + 48, K),
+                   _group(Y, cols, cmask, k0, K).T, _group(Y, cols, cmask, k0 + 16, K).T,
+                   _group(Y, cols, cmask, k0 + 32, K).T, _group(Y, cols, cmask, k0 + 48, K).T)
+        else:
+            a = _tile(AF, rows, rmask, p, K)
+            b = _tile(BF, cols, cmask, p, K).T
+            if RESID:
+                ops = (a, b, _tile(AG, rows, rmask, p, K), _tile(BG, cols, cmask, p, K).T)
+            else:
+                ops = (a, b, a, b)
+        return ops
+
+    @triton.jit
+    def _full_kernel(AF, BF, AG, BG, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
                      OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
                      QM: tl.constexpr, QN: tl.constexpr, FS: tl.constexpr,
                      RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
-                     ALPHA: tl.constexpr, OUTK: tl.constexpr, GTMA: tl.constexpr):
+                     ALPHA: tl.constexpr, OUTK: tl.constexpr, SLICES: tl.constexpr):
         """One QM x QN block of a tile ``_plan_kernel`` flagged: every path, GENERAL included.
         FS: the block is 1 / FS of a statistics block (BM/2 x BN/2) each way; it takes its path
         per step from that block's statistics (bounds of a larger block hold for its part) and
-        its own C.  GTMA: GENERAL's dot operands come as TMA tiles (ue4m3: the FAST tiles)."""
+        its own C.  Each step's operand tiles (``_ops``: AF / BF the dot operands a * s_a; AG /
+        BG GENERAL's, ue8m0: the e2m1 values alone), exponent words and statistics are loaded
+        a step ahead, so their latency overlaps the step before (the loop is not pipelined
+        for us: its paths branch)."""
         qm = tl.program_id(0) // FS        # the statistics blocks
         qn = tl.program_id(1) // FS
         nqn = tl.num_programs(1) // FS
         if _tile_flag(FLAG, qm // 2, qn // 2, nqn) != 0:
-            ro = tl.program_id(0) * QM
-            co = tl.program_id(1) * QN
-            rows = ro + tl.arange(0, QM)
-            cols = co + tl.arange(0, QN)
+            rows = tl.program_id(0) * QM + tl.arange(0, QM)
+            cols = tl.program_id(1) * QN + tl.arange(0, QN)
             rmask = rows < M
             cmask = cols < N
             sa = SA + qm * 3 * NP
@@ -584,18 +644,18 @@ if HAVE_TRITON:
             n0 = ng
             n1 = ng
             n2 = ng
+            opsn = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, 0, K, RESID, SLICES)
+            wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, 0, NP)
+            stn = _stats(sa, sai, sb, sbi, 0, NP)
             for p in range(0, NP):
-                a = ADF.load([ro, 64 * p])
-                b = BDF.load([co, 64 * p]).T
-                if GTMA and RESID:   # ue8m0: the e2m1 values alone
-                    ga = ADG.load([ro, 64 * p])
-                    gb = BDG.load([co, 64 * p]).T
-                else:
-                    ga = a
-                    gb = b
-                C, CB, ng, k = _step(C, a, b, ga, gb, CB, ng, sa, sai, sb, sbi,
-                                     ADG, BDG, AGI, BGI, EA, EB, ro, rows, rmask, co, cols, cmask,
-                                     p, K, NP, RESID, F32DOT, ASM, GTMA)
+                ops, wa, wb, st = opsn, wan, wbn, stn
+                q = tl.minimum(p + 1, NP - 1)     # the next step's loads, in flight meanwhile
+                opsn = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, q, K, RESID, SLICES)
+                wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, q, NP)
+                stn = _stats(sa, sai, sb, sbi, q, NP)
+                C, CB, ng, k = _step(C, ops, wa, wb, st, CB, ng, AF, BF, AGI, BGI, EA, EB,
+                                     rows, rmask, cols, cmask, p, K, NP, RESID, F32DOT, ASM,
+                                     SLICES)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
                 n2 += (k == 2).to(tl.int32)
@@ -731,19 +791,19 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
         BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], num_stages=cfg["num_stages"],
         num_warps=cfg["num_warps"], **common)
     _full_kernel[(FS * nqm, FS * nqn)](
-        _desc(af, QM), _desc(bf, QN), _desc(ag, QM), _desc(bg, QN), ag.view(torch.int16),
+        af, bf, ag, bg, ag.view(torch.int16),
         bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
-        QM=QM, QN=QN, RESID=gen, GTMA=_general_mode() == "tma", num_stages=1,
+        QM=QM, QN=QN, RESID=gen, SLICES=_general_mode() == "slices", num_stages=1,
         num_warps=cfg["full_warps"], **common)
 
 
-GENERAL_MODES = ("loads", "tma")
+GENERAL_MODES = ("masked", "slices")
 
 
 def _general_mode() -> str:
     """How GENERAL gets its four group dots (FP4REF_CHAIN_GENERAL, read at every call):
-    "loads" (four K = 16 dots of per-group global loads) or "tma" (four masked K = 64 dots
-    of the tiles already loaded by TMA)."""
+    "slices" (one K = 16 dot per group of the groups' slices) or "masked" (four masked K = 64
+    dots of the instruction's tiles); both loaded a step ahead."""
     mode = os.environ.get("FP4REF_CHAIN_GENERAL", GENERAL_DEFAULT)
     if mode not in GENERAL_MODES:
         raise ValueError(f"FP4REF_CHAIN_GENERAL: unknown value {mode!r}; valid choices: "
