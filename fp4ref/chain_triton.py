@@ -46,12 +46,14 @@ How each step stays exact:
   back by q (exact; ue8m0's subnormal results by mul.rz; beyond 2^128 Inf; -0 only if C and
   every product are -0).  The bound on |C| grows by the bound on |D| on every path, so
   GENERAL needs no reduction over C.
-  The four group dots: masked K = 64 dots of the TMA tiles already in registers
-  (FP4REF_CHAIN_GENERAL="tma", the default) or K = 16 dots of per-group global loads
-  ("loads").  On the H200 "tma" is 10-18% faster (reports/baselines/chain-general/).
-  Session 17's ablations there (scripts/gpu_chain_grid.py): the four masked dots cost about
-  40% of GENERAL's time, the per-step reductions over C 10-35% (now gone), the loop's
-  skeleton (TMA loads, statistics) 20%; the integer cut saved nothing measurable.
+  Each step's operand tiles, exponent words and statistics are loaded a step ahead
+  (their latency overlaps the step before).  The four group dots: one K = 16 dot per
+  group slice (FP4REF_CHAIN_GENERAL="slices", the default) or four masked K = 64 dots of
+  the step's tiles ("masked").  On the H200 (session 17, reports/baselines/chain-general/):
+  GENERAL is latency-bound, not bound by its per-output arithmetic (ablations: the loop's
+  loads, the masked dots and a per-step reduction over C each cost more than the cuts;
+  integer cuts in place of float64 ones saved nothing); loading a step ahead and dropping
+  the reduction brought the worst NVFP4 operands from 20x to 9x the Gaussian time.
 * Epilogue in the kernels: alpha (one FP32 RNE product), NaN rows / columns, out_dtype
   (bf16 by integer RNE), canonical NaN.
 
@@ -80,12 +82,13 @@ __all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "us
            "chain_mm", "SCALE_BLOCKS", "parse_config", "GENERAL_MODES"]
 
 # _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
-# sm_90 build has no register spills); _full_kernel: BM/4 x BN/4 blocks, 4 warps (sm_90: 163
-# registers, three CTAs per SM; on the H200 GENERAL runs 1.3-1.7x faster than on BM/2 x BN/2
-# blocks with 8 warps, reports/baselines/chain-general/h200-grid-session17.json).  GROUP_M
-# row tiles share B tiles in L2.
-CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 4,
-          "full_split": 2}
+# sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, 8 warps (sm_90: 242 /
+# 252 registers, no spills; with every step's loads issued a step ahead it beat BM/4 x BN/4
+# blocks with 4 or 8 warps by 1.4-1.7x on the H200: reports/baselines/chain-general/
+# h200-grid3-session17.json, GENERAL "slices" vs "masked" there too).  GROUP_M row tiles share
+# B tiles in L2.
+CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 8,
+          "full_split": 1}
 _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M": 2,
                   "full_warps": 4, "full_split": 1}
 SCALE_BLOCKS = {"ue4m3": (16,), "ue8m0": (32, 16)}
