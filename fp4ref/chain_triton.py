@@ -267,19 +267,18 @@ if HAVE_TRITON:
     def _cut(C, EA, EB, rows, rmask, cols, cmask, p, NP, ASM: tl.constexpr):
         """MEDIUM's C: truncated toward zero at q = 2^(max_g es_g - 35) where |C| is small."""
         wa, wb = _words(EA, EB, rows, rmask, cols, cmask, p, NP)
-        big = _p2f(_esmax(wa, wb) - 12)        # |C| below it: C's bits under q = ulp(big) are cut
+        big = _p2f(_esmax(wa, wb) - 12)   # |C| below it: C's bits under q = ulp(big) are cut
         ac = tl.abs(C)
         tr = _add_rz(ac, big, ASM) - big
         tr = tl.where(C < 0, 0.0 - tr, tr)   # a nonzero C cut to zero is +0
         return tl.where(ac < big, tr, C)
 
     @triton.jit
-    def _rz32(v, TINY: tl.constexpr):
-        """float64 v -> FP32 rounded toward zero (>= 2^128 gives Inf; TINY: subnormals)."""
+    def _rz32(v):
+        """float64 v -> FP32 rounded toward zero (subnormals kept; >= 2^128 gives Inf)."""
         av = tl.abs(v)
-        if TINY:
-            tiny = tl.floor(av * 7.1362384635297994e44) * 1.401298464324817e-45   # 2^149, 2^-149
-            av = tl.where(av < 1.1754943508222875e-38, tiny, av)                 # below 2^-126
+        tiny = tl.floor(av * 7.1362384635297994e44) * 1.401298464324817e-45   # 2^149, 2^-149
+        av = tl.where(av < 1.1754943508222875e-38, tiny, av)                 # below 2^-126
         bits = av.to(tl.int64, bitcast=True) & -536870912                        # 29 low bits cut
         m = bits.to(tl.float64, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
         # the sign by its bit: Triton's unary minus is 0 - x, which turns -0 into +0
@@ -317,7 +316,7 @@ if HAVE_TRITON:
         if ASM:  # PTX mul.rz.f32 without .ftz
             return tl.inline_asm_elementwise("mul.rz.f32 $0, $1, $2;", "=f,f,f", [x, f],
                                              dtype=tl.float32, is_pure=True, pack=1)
-        return _rz32(x.to(tl.float64) * f.to(tl.float64), True)
+        return _rz32(x.to(tl.float64) * f.to(tl.float64))
 
     @triton.jit
     def _in_q(y, e, RESID: tl.constexpr):
@@ -425,7 +424,8 @@ if HAVE_TRITON:
         FAST's own tiles are loaded here."""
         if SLICES:
             if RESID:
-                d = _dot(_tile(AF, rows, rmask, p, K), _tile(BF, cols, cmask, p, K).T, F32DOT)
+                d = _dot(_slice(AF, rows, rmask, 64 * p, K, 64),
+                         _slice(BF, cols, cmask, 64 * p, K, 64).T, F32DOT)
             else:
                 d = _dot(ops[0], ops[4], F32DOT)
                 for g in tl.static_range(1, 4):
@@ -579,17 +579,9 @@ if HAVE_TRITON:
             tl.atomic_add(CNT + 1, FS * FS * 4 * nmed)          # QM x QN blocks
 
     @triton.jit
-    def _tile(X, rows, rmask, p, K):
-        """Step p's [rows, 64] slice of a bf16 [R, K] operand; rows past the operand read as
-        zeros."""
-        kk = tl.arange(0, 64) + 64 * p
-        return tl.load(X + rows[:, None].to(tl.int64) * K + kk[None, :], mask=rmask[:, None],
-                       other=0.0)
-
-    @triton.jit
-    def _group(X, rows, rmask, k0, K):
-        """A [rows, 16] slice (columns k0 ..) of a bf16 [R, K] operand, zeros past R."""
-        kk = tl.arange(0, 16) + k0
+    def _slice(X, rows, rmask, k0, K, W: tl.constexpr):
+        """Columns k0 .. k0 + W of a bf16 [R, K] operand's rows, [rows, W]; zeros past R."""
+        kk = tl.arange(0, W) + k0
         return tl.load(X + rows[:, None].to(tl.int64) * K + kk[None, :], mask=rmask[:, None],
                        other=0.0)
 
@@ -603,15 +595,17 @@ if HAVE_TRITON:
             X = AG if RESID else AF
             Y = BG if RESID else BF
             k0 = 64 * p
-            ops = (_group(X, rows, rmask, k0, K), _group(X, rows, rmask, k0 + 16, K),
-                   _group(X, rows, rmask, k0 + 32, K), _group(X, rows, rmask, k0 + 48, K),
-                   _group(Y, cols, cmask, k0, K).T, _group(Y, cols, cmask, k0 + 16, K).T,
-                   _group(Y, cols, cmask, k0 + 32, K).T, _group(Y, cols, cmask, k0 + 48, K).T)
+            ops = (_slice(X, rows, rmask, k0, K, 16), _slice(X, rows, rmask, k0 + 16, K, 16),
+                   _slice(X, rows, rmask, k0 + 32, K, 16), _slice(X, rows, rmask, k0 + 48, K, 16),
+                   _slice(Y, cols, cmask, k0, K, 16).T, _slice(Y, cols, cmask, k0 + 16, K, 16).T,
+                   _slice(Y, cols, cmask, k0 + 32, K, 16).T,
+                   _slice(Y, cols, cmask, k0 + 48, K, 16).T)
         else:
-            a = _tile(AF, rows, rmask, p, K)
-            b = _tile(BF, cols, cmask, p, K).T
+            a = _slice(AF, rows, rmask, 64 * p, K, 64)
+            b = _slice(BF, cols, cmask, 64 * p, K, 64).T
             if RESID:
-                ops = (a, b, _tile(AG, rows, rmask, p, K), _tile(BG, cols, cmask, p, K).T)
+                ops = (a, b, _slice(AG, rows, rmask, 64 * p, K, 64),
+                       _slice(BG, cols, cmask, 64 * p, K, 64).T)
             else:
                 ops = (a, b, a, b)
         return ops
@@ -774,7 +768,8 @@ def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int
 
 def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> None:
     """The plan, then the FAST kernel on unflagged BM x BN tiles and the GENERAL-capable
-    kernel on the BM/2 x BN/2 blocks of flagged ones (both launched; each skips the other's)."""
+    kernel on the BM/(2 FS) x BN/(2 FS) blocks of flagged ones (FS: full_split; both launched,
+    each skips the other's)."""
     (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc) = A, B
     BM, BN, interp = cfg["BM"], cfg["BN"], interpreting()
     FS = cfg["full_split"]

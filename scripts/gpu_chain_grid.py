@@ -5,7 +5,8 @@ timed side by side with the Gaussian operands and cuBLAS bf16 of the same run (p
 
     python scripts/gpu_chain_grid.py --size 8192 --configs "128,128,8,3,8,8,1;128,128,8,3,8,4,2" \
         --modes masked,slices --out grid.json
-    python scripts/gpu_chain_grid.py --pick grid.json    # the (config, mode) of least worst slowdown
+    python scripts/gpu_chain_grid.py --pick grid.json   # (config, mode) of least worst slowdown
+    python scripts/gpu_chain_grid.py --table grid.json  # the rows, one line each
 """
 from __future__ import annotations
 
@@ -39,9 +40,16 @@ def pick(path: str) -> str:
     return " ".join(best)
 
 
+def table(path: str) -> str:
+    """The grid's rows, one line each: set, config, mode, milliseconds."""
+    return "\n".join(f"{r['set'][:22]:22s} {r.get('config', ''):18s} {r.get('mode', ''):7s} "
+                     f"{r['seconds'] * 1e3:8.2f} ms"
+                     for r in json.loads(Path(path).read_text())["rows"])
+
+
 def main() -> int:
-    if sys.argv[1:2] == ["--pick"]:
-        print(pick(sys.argv[2]))
+    if sys.argv[1:2] in (["--pick"], ["--table"]):
+        print((pick if sys.argv[1] == "--pick" else table)(sys.argv[2]))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=8192)

@@ -11,13 +11,4 @@ cp /tmp/pa/*/*/report.json "$OUT/probe-report.json"; cp /tmp/pa/*/*/report.html 
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_split_order.py > "$OUT/test-gpu-d.log" 2>&1
 echo "rc=$?" >> "$OUT/test-gpu-d.log"
 tail -1 "$OUT/probe.log"; grep -E "passed|failed|rc=" "$OUT/test-gpu-d.log" | tail -2
-python3 - "$OUT/probe-report.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-from collections import Counter
-print(Counter(d["status"] for d in r["devices"]))
-for d in r["devices"]:
-    if d["status"] != "fit":
-        u = (d.get("extra") or {}).get("unfitted_kernels") or []
-        print(d["name"], d["status"], [(x["shape"], x["family"][:60]) for x in u])
-PY
+python3 scripts/probe_summary.py "$OUT/probe-report.json"

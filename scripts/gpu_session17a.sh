@@ -12,16 +12,7 @@ timeout 400 make probe PROBE_ARGS="--out /tmp/pa" > "$OUT/probe.log" 2>&1
 echo "=== make probe rc=$? wall $((SECONDS - t0))s (beside make test-gpu)" >> "$OUT/probe.log"
 cp /tmp/pa/*/*/report.json "$OUT/probe-report.json"; cp /tmp/pa/*/*/report.html "$OUT/probe-report.html"
 tail -1 "$OUT/probe.log"
-python3 - "$OUT/probe-report.json" <<'PY'
-import json, sys
-from collections import Counter
-r = json.load(open(sys.argv[1]))
-print(Counter(d["status"] for d in r["devices"]))
-for d in r["devices"]:
-    if d["status"] != "fit":
-        u = (d.get("extra") or {}).get("unfitted_kernels") or []
-        print(d["name"], d["status"], [(x["shape"], x["family"][:60]) for x in u])
-PY
+python3 scripts/probe_summary.py "$OUT/probe-report.json"
 wait
 for f in a b; do grep -E "passed|failed|rc=" "$OUT/test-gpu-$f.log" | tail -3; done
 grep -E "FAILED|Error" "$OUT"/test-gpu-*.log | head -20

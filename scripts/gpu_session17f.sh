@@ -11,15 +11,7 @@ timeout 170 python3 scripts/gpu_chain_grid.py --size 8192 --modes masked,slices 
     --configs "128,128,8,3,8,4,2;128,128,8,3,8,8,2;128,128,8,3,8,8,1" \
     --out "$OUT/chain-grid3.json" > "$OUT/chain-grid3.log" 2>&1
 echo "rc=$?" >> "$OUT/chain-grid3.log"
-python3 -c "
-import json, sys
-for ln in open(sys.argv[1]):
-    if ln.startswith('{'):
-        r = json.loads(ln)
-        print(r['set'][:22].ljust(22), r.get('config', '').ljust(18), r.get('mode', '').ljust(7), '%.2f ms' % (r['seconds'] * 1e3))
-    else:
-        print(ln.rstrip()[-300:])
-" "$OUT/chain-grid3.log"
+python3 scripts/gpu_chain_grid.py --table "$OUT/chain-grid3.json"
 read CFG MODE < <(python3 scripts/gpu_chain_grid.py --pick "$OUT/chain-grid3.json" 2>>"$OUT/chain-grid3.log")
 echo "picked: $CFG $MODE"
 export FP4REF_CHAIN_CONFIG=$CFG FP4REF_CHAIN_GENERAL=$MODE

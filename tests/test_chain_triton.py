@@ -159,7 +159,8 @@ def test_parse_config():
 
 def test_general_mode_choices(monkeypatch):
     monkeypatch.setenv("FP4REF_CHAIN_GENERAL", "fast")
-    with pytest.raises(ValueError, match="FP4REF_CHAIN_GENERAL: unknown value 'fast'; valid choices: masked, slices"):
+    with pytest.raises(ValueError, match="FP4REF_CHAIN_GENERAL: unknown value 'fast'; "
+                                         "valid choices: masked, slices"):
         CT._general_mode()
 
 
