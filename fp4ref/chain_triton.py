@@ -191,7 +191,24 @@ if HAVE_TRITON:
         return ((uhi & 0xFFFF0000) | (ulo >> 16)).to(tl.int32, bitcast=True)
 
     @triton.jit
-    def _prep_kernel(CODES, SC, OUTF, OUTG, EXPS, ST, STI, NANR,
+    def _bits64(lo, hi):
+        """Per (row, instruction): the 64 bits of the instruction's elements (element 2w from
+        lo, 2w + 1 from hi of word w; 0 / 1 int32 [rows, PC, 32]) as one int64."""
+        k2 = 2 * tl.arange(0, 32).to(tl.int64)[None, None, :]
+        return tl.sum((lo.to(tl.int64) << k2) | (hi.to(tl.int64) << (k2 + 1)), axis=2)
+
+    @triton.jit
+    def _store_nz(NZ, lo, hi, rows, rv, ps, pv, NP):
+        """-0 words NZ [R, NP, 2] (int64): of each row and instruction, which elements are +-0
+        and which are negative (e2m1 codes lo / hi)."""
+        off = rows[:, None].to(tl.int64) * (2 * NP) + 2 * ps[None, :]
+        m = rv[:, None] & pv[None, :]
+        tl.store(NZ + off, _bits64(((lo & 7) == 0).to(tl.int32), ((hi & 7) == 0).to(tl.int32)),
+                 mask=m)
+        tl.store(NZ + off + 1, _bits64(lo >> 3, hi >> 3), mask=m)
+
+    @triton.jit
+    def _prep_kernel(CODES, SC, OUTF, OUTG, EXPS, ST, STI, NANR, NZ,
                      R, KB, KW, NB, NG, NP,
                      RB: tl.constexpr, PC: tl.constexpr, PACKED: tl.constexpr,
                      UE8: tl.constexpr, BLOCK: tl.constexpr, GEN: tl.constexpr,
@@ -223,6 +240,7 @@ if HAVE_TRITON:
         tl.store(OUTF + r3 * KW + w, _bf16_word(flo, fhi), mask=m3)
         if GEN:
             tl.store(OUTG + r3 * KW + w, _bf16_word(vlo, vhi), mask=m3)
+            _store_nz(NZ, lo, hi, rows, rv, ps, pv, NP)
         # ||a'||^2 per (row, instruction), rounded up; +inf where a scale was not folded
         sq = tl.sum(flo * flo + fhi * fhi, axis=2) * 1.0000152587890625    # 1 + 2^-16
         unf = tl.max((fold == 0).to(tl.int32), axis=2)
@@ -285,19 +303,51 @@ if HAVE_TRITON:
         return tl.where(v < 0, m | -2147483648, m).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _all_neg0(AGI, BGI, rows, rmask, cols, cmask, p, K, shape: tl.constexpr):
-        """Every one of the instruction's 64 products is -0 (a zero factor, signs differ)."""
-        out = tl.full(shape, 1, tl.int32)
-        for k in range(64):
-            av = tl.load(AGI + rows.to(tl.int64) * K + 64 * p + k, mask=rmask, other=1).to(tl.int32)
-            bv = tl.load(BGI + cols.to(tl.int64) * K + 64 * p + k, mask=cmask, other=1).to(tl.int32)
-            za = (av & 0x7FFF) == 0
-            zb = (bv & 0x7FFF) == 0
-            sa = (av >> 15) & 1
-            sb = (bv >> 15) & 1
-            neg0 = (za[:, None] | zb[None, :]) & (sa[:, None] != sb[None, :])
-            out = out & neg0.to(tl.int32)
-        return out
+    def _all_neg0(NZA, NZB, rows, rmask, cols, cmask, p, NP):
+        """Every one of instruction p's 64 products is -0 (a +-0 factor, signs differ), from
+        the rows' and columns' -0 words (``_store_nz``)."""
+        ra = NZA + rows.to(tl.int64) * (2 * NP) + 2 * p
+        cb = NZB + cols.to(tl.int64) * (2 * NP) + 2 * p
+        za = tl.load(ra, mask=rmask, other=0)
+        sa = tl.load(ra + 1, mask=rmask, other=0)
+        zb = tl.load(cb, mask=cmask, other=0)
+        sb = tl.load(cb + 1, mask=cmask, other=0)
+        return ((za[:, None] | zb[None, :]) & (sa[:, None] ^ sb[None, :])) == -1
+
+    @triton.jit
+    def _keep_neg0(C, zero, r):
+        """r, or -0 where C is -0 and the step's sum is zero (``zero``): -0 + -0 is -0, but a
+        zero sum with any +0 or nonzero product is +0; the products are checked once, at the
+        end (``_settle_neg0``).  By bits: Triton folds a -0.0 literal to +0."""
+        cneg0 = C.to(tl.int32, bitcast=True) == -2147483648
+        return tl.where(cneg0 & zero, -2147483648, r.to(tl.int32, bitcast=True)).to(
+            tl.float32, bitcast=True)
+
+    @triton.jit
+    def _settle_neg0(C, AF, BF, AG, BG, EA, EB, NZA, NZB, rows, rmask, cols, cmask, K, NP,
+                     F32DOT: tl.constexpr, ASM: tl.constexpr, SLICES: tl.constexpr):
+        """The exact -0 rule for the block's -0 results (ue8m0).  A -0 is made only by a tiny
+        negative sum cut to -0 (a nonzero integer sum: "fresh"); it survives an instruction
+        iff the sum is zero and all 64 products are -0; a +0 never turns -0.  The loop kept
+        -0 through every zero sum (``_keep_neg0``), a superset.  Here, per -0 result, the
+        last instruction p whose products are not all -0 decides: -0 iff p made a fresh -0,
+        i.e. iff its integer sum with C = 0 is nonzero (after a fresh -0 C is +-0, so later
+        sums are the same with C = 0; at the fresh step itself C is zero or subnormal, or
+        |C| >= 2^-126 and the group terms nearly cancel it: then they are nonzero with C = 0
+        too).  Usually p is the last instruction: one step of GENERAL's work, per block with
+        a -0 result, no check per step in the loop."""
+        todo = (C.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32)
+        p = NP - 1
+        while (tl.max(todo) > 0) & (p >= 0):
+            hit = todo & (_all_neg0(NZA, NZB, rows, rmask, cols, cmask, p, NP) == 0)
+            if tl.max(hit) > 0:
+                ops = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, p, K, True, SLICES)
+                wa, wb = _words(EA, EB, rows, rmask, cols, cmask, p, NP)
+                _, nonzero = _general(tl.zeros_like(C), ops, wa, wb, True, F32DOT, ASM, SLICES)
+                C = tl.where((hit > 0) & (nonzero == 0), 0.0, C)
+            todo = todo & (hit == 0)
+            p -= 1
+        return C
 
     @triton.jit
     def _cvt_rz(v, ASM: tl.constexpr):
@@ -310,13 +360,15 @@ if HAVE_TRITON:
         return tl.where(up, (r.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), r)
 
     @triton.jit
-    def _mul_rz(x, f, ASM: tl.constexpr):
-        """RZ(x * f) in FP32, f a power of two, the product below 2^128 (a subnormal product
-        is truncated, not rounded)."""
-        if ASM:  # PTX mul.rz.f32 without .ftz
-            return tl.inline_asm_elementwise("mul.rz.f32 $0, $1, $2;", "=f,f,f", [x, f],
-                                             dtype=tl.float32, is_pure=True, pack=1)
-        return _rz32(x.to(tl.float64) * f.to(tl.float64))
+    def _f32_rz(v, ASM: tl.constexpr):
+        """float64 v -> FP32 rounded toward zero, subnormals kept, |v| >= 2^128: +-Inf."""
+        if ASM:  # PTX cvt.rz.f32.f64 (no .ftz); its overflow is +-FLT_MAX, the model's Inf
+            r = tl.inline_asm_elementwise("cvt.rz.f32.f64 $0, $1;", "=f,d", [v],
+                                          dtype=tl.float32, is_pure=True, pack=1)
+            r = tl.where(tl.abs(v) >= 3.402823669209385e38, v.to(tl.float32), r)
+        else:
+            r = _rz32(v)
+        return r
 
     @triton.jit
     def _in_q(y, e, RESID: tl.constexpr):
@@ -334,13 +386,13 @@ if HAVE_TRITON:
     def _term(x, s, wa, wb, g, RESID: tl.constexpr):
         """A group term in steps q, truncated (int64): x = T_g (ue4m3) or S_g (ue8m0, whose
         group scale exponent joins here; far below q: cut to 0)."""
-        if RESID:
-            return _in_q(x, s + _grp(wa, g)[:, None] + _grp(wb, g)[None, :], RESID)
+        if RESID:   # one product: |x| <= 576 and t <= 35; below 2^-126 it truncates to 0
+            t = s + _grp(wa, g)[:, None] + _grp(wb, g)[None, :]
+            return (x * _p2f(tl.maximum(t, -126))).to(tl.int64)
         return _in_q(x, s, RESID)
 
     @triton.jit
-    def _general(C, ops, wa, wb, AGI, BGI, rows, rmask, cols, cmask, p, K, ng,
-                 RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+    def _general(C, ops, wa, wb, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
                  SLICES: tl.constexpr):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
@@ -351,13 +403,16 @@ if HAVE_TRITON:
         tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, ops =
         four [rows, 16] and four [16, cols] slices, one K = 16 dot each; else ops[2], ops[3] =
         [rows, 64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a
-        masked copy per group).  AGI / BGI: the same operands as int16 bits, [rows, K]."""
+        masked copy per group).  Returns (r, the integer sum is nonzero)."""
         esm = _esmax(wa, wb)
         cb = C.to(tl.int32, bitcast=True)
         E = tl.maximum(tl.maximum((cb >> 23) & 255, 1) - 127, esm)   # C = 0 or subnormal: -126
         s = 35 - E                                       # a term t counts t * 2^s steps q
         cinf = (cb & 0x7FFFFFFF) == 0x7F800000           # Inf C stays Inf (no Inf - Inf here)
-        acc = _in_q(tl.where(cinf, 0.0, C), s, RESID)
+        if RESID:   # 2^s beyond FP32's range (s up to 161): in float64, exact
+            acc = (tl.where(cinf, 0.0, C).to(tl.float64) * _p2d(s)).to(tl.int64)
+        else:
+            acc = _in_q(tl.where(cinf, 0.0, C), s, RESID)
         if SLICES:
             for g in tl.static_range(4):
                 acc += _term(_dot(ops[g], ops[4 + g], F32DOT), s, wa, wb, g, RESID)
@@ -367,22 +422,14 @@ if HAVE_TRITON:
             for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
                 x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), ops[3], F32DOT)
                 acc += _term(x, s, wa, wb, g, RESID)
-        r = _cvt_rz(acc, ASM)                            # 24 bits, |r| < 2^40, +0 for 0
-        if RESID:   # 2^(E - 35) in two steps: r * 2^-126 is normal (r = 0 or |r| >= 1)
-            e1 = tl.minimum(tl.maximum(-s, -126), 127)
-            r = r * _p2f(e1)                             # exact, or Inf
-            e2 = -s - e1                                 # in [-35, 92]
-            r = tl.where(e2 < 0, _mul_rz(r, _p2f(tl.maximum(e2, -126)), ASM),
-                         r * _p2f(tl.minimum(e2, 127)))
+        if RESID:   # acc * 2^(E - 35) exact in float64 (|acc| < 2^48), rounded once
+            r = _f32_rz(acc.to(tl.float64) * _p2d(-s), ASM)
         else:       # ue4m3: E in [-12, 128], 2^(E - 35) normal: exact, or Inf beyond 2^128
-            r = r * _p2f(-s)
+            r = _cvt_rz(acc, ASM) * _p2f(-s)             # 24 bits, then exact
         r = tl.where(cinf, C, r)
-        if ng > 0:                                       # -0 if C and every product are -0
-            neg = _all_neg0(AGI, BGI, rows, rmask, cols, cmask, p, K, C.shape)
-            cneg0 = cb == -2147483648
-            rb = tl.where((acc == 0) & cneg0 & (neg > 0), -2147483648, r.to(tl.int32, bitcast=True))
-            r = rb.to(tl.float32, bitcast=True)   # by bits: Triton folds a -0.0 literal to +0
-        return r
+        if RESID:   # ue4m3: C is never -0 (the sums start at +0; RZ makes x - x +0)
+            r = _keep_neg0(C, acc == 0, r)
+        return r, acc != 0
 
     @triton.jit
     def _stats(SA, SAI, SB, SBI, p, NP):
@@ -417,15 +464,18 @@ if HAVE_TRITON:
         return _add_rz(Ct, d, ASM), path
 
     @triton.jit
-    def _dfast(ops, AF, BF, rows, rmask, cols, cmask, p, K, F32DOT: tl.constexpr,
-               RESID: tl.constexpr, SLICES: tl.constexpr):
-        """FAST's D from the step's tiles (the group slices' dots add exactly under FAST's
-        conditions: every partial sum is exact); ue8m0 slices are GENERAL's operands, so
-        FAST's own tiles are loaded here."""
+    def _dfast(ops, wa, wb, F32DOT: tl.constexpr, RESID: tl.constexpr, SLICES: tl.constexpr):
+        """FAST's D from the step's tiles.  The group slices' dots add exactly under FAST's
+        conditions: each partial sum is a sum over a subset of the 64 products, a multiple of
+        2^L below 2^(L + 23) (Cauchy-Schwarz bounds every subset).  ue8m0 slices hold the e2m1
+        values alone: each group's exact sum times its scales 2^(e_a + e_b) (exact: FAST's
+        exponents stay in FP32's normal range) joins the sum by an exact FP32 add."""
         if SLICES:
             if RESID:
-                d = _dot(_slice(AF, rows, rmask, 64 * p, K, 64),
-                         _slice(BF, cols, cmask, 64 * p, K, 64).T, F32DOT)
+                d = _dot(ops[0], ops[4], F32DOT) * _p2f(_grp(wa, 0)[:, None] + _grp(wb, 0)[None, :])
+                for g in tl.static_range(1, 4):
+                    d += _dot(ops[g], ops[4 + g], F32DOT) \
+                        * _p2f(_grp(wa, g)[:, None] + _grp(wb, g)[None, :])
             else:
                 d = _dot(ops[0], ops[4], F32DOT)
                 for g in tl.static_range(1, 4):
@@ -435,32 +485,28 @@ if HAVE_TRITON:
         return d
 
     @triton.jit
-    def _step(C, ops, wa, wb, st, CB, ng, AF, BF, AGI, BGI, EA, EB, rows, rmask, cols, cmask,
-              p, K, NP, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+    def _step(C, ops, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
+              RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
               SLICES: tl.constexpr):
-        """One instruction on one block, any path: (C, bound on |C|, -0 flag, path 0/1/2);
-        ops, wa / wb and st (``_stats``): the step's tiles, exponent words and statistics,
-        loaded a step ahead.  The full dot and the min |C| reduction only where FAST / MEDIUM
-        runs.  The bound on |C| grows by FAST's bound on |D| on every path (GENERAL's cut terms
-        sum to at most |C| + sum_g |T_g| <= |C| + ||a'|| ||b'||): no reduction over C.  The -0
-        flag is reduced only where GENERAL can make a -0 (a result below 2^-149: ue8m0, es <
-        -114)."""
+        """One instruction on one block, any path: (C, bound on |C|, path 0/1/2); ops, wa / wb
+        and st (``_stats``): the step's tiles, exponent words and statistics, loaded a step
+        ahead.  The full dot and the min |C| reduction only where FAST / MEDIUM runs.  The
+        bound on |C| grows by FAST's bound on |D| on every path (GENERAL's cut terms sum to
+        at most |C| + sum_g |T_g| <= |C| + ||a'|| ||b'||): no reduction over C.  ue8m0's -0
+        (a tiny negative sum cut to -0) is kept through zero sums on both paths (FAST's dot
+        may give either zero) and settled once, after the loop (``_settle_neg0``)."""
         bsq, esmin, esmax = st
         ok, bnd = _fast_ok(bsq, esmin, esmax, CB)
-        if ok & (ng == 0):
-            d = _dfast(ops, AF, BF, rows, rmask, cols, cmask, p, K, F32DOT, RESID, SLICES)
+        if ok:
+            d = _dfast(ops, wa, wb, F32DOT, RESID, SLICES)
             Cn, path = _fast_or_medium(C, d, _cmin(C), esmax, EA, EB, rows, rmask, cols, cmask,
                                        p, NP, ASM)
-            ngn = ng
+            if RESID:
+                Cn = _keep_neg0(C, d == 0, Cn)
         else:
-            Cn = _general(C, ops, wa, wb, AGI, BGI, rows, rmask, cols, cmask, p, K, ng,
-                          RESID, F32DOT, ASM, SLICES)
-            if RESID & (esmin < -114):   # 2^(E - 35) < 2^-149: a -0 from a tiny negative sum
-                ngn = tl.max((Cn.to(tl.int32, bitcast=True) == -2147483648).to(tl.int32))
-            else:                        # else -0 only where C is -0 (the flag is set)
-                ngn = ng
+            Cn, _ = _general(C, ops, wa, wb, RESID, F32DOT, ASM, SLICES)
             path = 2
-        return Cn, CB + bnd, ngn, path
+        return Cn, CB + bnd, path
 
     @triton.jit
     def _plan_kernel(SA, SAI, SB, SBI, FLAG, NP: tl.constexpr):
@@ -611,7 +657,7 @@ if HAVE_TRITON:
         return ops
 
     @triton.jit
-    def _full_kernel(AF, BF, AG, BG, AGI, BGI, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
+    def _full_kernel(AF, BF, AG, BG, NZA, NZB, EA, EB, SA, SAI, SB, SBI, FLAG, NANR, NANC,
                      OUT, CNT, M, N, K, alpha, NP: tl.constexpr,
                      QM: tl.constexpr, QN: tl.constexpr, FS: tl.constexpr,
                      RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
@@ -620,8 +666,8 @@ if HAVE_TRITON:
         FS: the block is 1 / FS of a statistics block (BM/2 x BN/2) each way; it takes its path
         per step from that block's statistics (bounds of a larger block hold for its part) and
         its own C.  Each step's operand tiles (``_ops``: AF / BF the dot operands a * s_a; AG /
-        BG GENERAL's, ue8m0: the e2m1 values alone), exponent words and statistics are loaded
-        a step ahead, so their latency overlaps the step before (the loop is not pipelined
+        BG GENERAL's, ue8m0: the e2m1 values alone), exponent words, -0 words (NZA / NZB,
+        ue8m0) and statistics are loaded a step ahead, so their latency overlaps the step before (the loop is not pipelined
         for us: its paths branch)."""
         qm = tl.program_id(0) // FS        # the statistics blocks
         qn = tl.program_id(1) // FS
@@ -637,10 +683,9 @@ if HAVE_TRITON:
             sbi = SBI + qn * 3 * NP
             C = tl.zeros((QM, QN), tl.float32)
             CB = tl.max(tl.zeros((2,), tl.float64))
-            ng = tl.max(tl.zeros((2,), tl.int32))
-            n0 = ng
-            n1 = ng
-            n2 = ng
+            n0 = tl.max(tl.zeros((2,), tl.int32))
+            n1 = n0
+            n2 = n0
             opsn = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, 0, K, RESID, SLICES)
             wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, 0, NP)
             stn = _stats(sa, sai, sb, sbi, 0, NP)
@@ -650,12 +695,14 @@ if HAVE_TRITON:
                 opsn = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, q, K, RESID, SLICES)
                 wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, q, NP)
                 stn = _stats(sa, sai, sb, sbi, q, NP)
-                C, CB, ng, k = _step(C, ops, wa, wb, st, CB, ng, AF, BF, AGI, BGI, EA, EB,
-                                     rows, rmask, cols, cmask, p, K, NP, RESID, F32DOT, ASM,
-                                     SLICES)
+                C, CB, k = _step(C, ops, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
+                                 RESID, F32DOT, ASM, SLICES)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
                 n2 += (k == 2).to(tl.int32)
+            if RESID:
+                C = _settle_neg0(C, AF, BF, AG, BG, EA, EB, NZA, NZB, rows, rmask, cols, cmask,
+                                 K, NP, F32DOT, ASM, SLICES)
             _store(OUT, C, rows, rmask, cols, cmask, NANR, NANC, N, alpha, ALPHA, OUTK)
             tl.atomic_add(CNT + 0, n0)
             tl.atomic_add(CNT + 1, n1)
@@ -720,20 +767,22 @@ def _codes(name: str, x, rows: int, K: int) -> tuple[torch.Tensor, bool]:
 def _prepare(codes, packed: bool, scales, K: int, RB: int, nblocks: int, sf: str, block: int,
              gen: bool):
     """The prepass of one operand: (bf16 a * s_a, bf16 a (gen) or the same, int8 group
-    exponents [R, K/16], block statistics float32 [nblocks, 3, NP], int32 NaN rows)."""
+    exponents [R, K/16], block statistics float32 [nblocks, 3, NP], int32 NaN rows, int64 -0
+    words [R, NP, 2] (gen) or the group exponents)."""
     R, dev, NP = codes.shape[0], codes.device, K // 64
     outf = torch.empty(R, K, dtype=torch.bfloat16, device=dev)
     outg = torch.empty(R, K, dtype=torch.bfloat16, device=dev) if gen else outf
     exps = torch.empty(R, K // 16, dtype=torch.int8, device=dev)
     st = torch.zeros(nblocks, 3, NP, dtype=torch.float32, device=dev)
     nan = torch.zeros(R, dtype=torch.int32, device=dev)
+    nz = torch.empty(R, NP, 2, dtype=torch.int64, device=dev) if gen else exps
     PC = max(1, 4096 // (RB * 32))          # 4096 words per program: no register spills
     grid = (triton.cdiv(R, RB), triton.cdiv(NP, PC))
     _prep_kernel[grid](codes, scales, outf.view(torch.int32), outg.view(torch.int32), exps, st,
-                       st.view(torch.int32), nan, R, codes.shape[1], K // 2, scales.shape[1],
+                       st.view(torch.int32), nan, nz, R, codes.shape[1], K // 2, scales.shape[1],
                        K // 16, NP, RB=RB, PC=PC, PACKED=packed, UE8=sf == "ue8m0", BLOCK=block,
                        GEN=gen, FOLD=_FOLD, num_warps=8)
-    return outf, outg, exps, st, nan
+    return outf, outg, exps, st, nan, nz
 
 
 def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int, alpha,
@@ -770,7 +819,7 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
     """The plan, then the FAST kernel on unflagged BM x BN tiles and the GENERAL-capable
     kernel on the BM/(2 FS) x BN/(2 FS) blocks of flagged ones (FS: full_split; both launched,
     each skips the other's)."""
-    (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc) = A, B
+    (af, ag, ea, sa, nanr, nza), (bf, bg, eb, sb, nanc, nzb) = A, B
     BM, BN, interp = cfg["BM"], cfg["BN"], interpreting()
     FS = cfg["full_split"]
     QM, QN = BM // (2 * FS), BN // (2 * FS)
@@ -789,8 +838,7 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
         BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], num_stages=cfg["num_stages"],
         num_warps=cfg["num_warps"], **common)
     _full_kernel[(FS * nqm, FS * nqn)](
-        af, bf, ag, bg, ag.view(torch.int16),
-        bg.view(torch.int16), ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
+        af, bf, ag, bg, nza, nzb, ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
         QM=QM, QN=QN, RESID=gen, SLICES=_general_mode() == "slices", num_stages=1,
         num_warps=cfg["full_warps"], **common)
 
@@ -840,11 +888,11 @@ def chain_mm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_bt:
     BM, BN = cfg["BM"], cfg["BN"]
     gen = scale_format == "ue8m0"
     nmt = triton.cdiv(M, BM)
-    af, ag, ea, sa, nanr = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt,
+    A = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt,
                                     scale_format, block, gen)
-    bf, bg, eb, sb, nanc = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2,
+    B = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2,
                                     2 * triton.cdiv(N, BN), scale_format, block, gen)
     out = torch.empty(M, N, dtype=out_dtype, device=dev)
     cnt = counts if counts is not None else torch.zeros(3, dtype=torch.int32, device=dev)
-    _launch(cfg, (af, ag, ea, sa, nanr), (bf, bg, eb, sb, nanc), out, cnt, M, N, K, alpha, gen)
+    _launch(cfg, A, B, out, cnt, M, N, K, alpha, gen)
     return out

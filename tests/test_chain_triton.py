@@ -182,6 +182,44 @@ def test_negative_zero_chain():
     assert counts[2] > 0, counts
 
 
+def neg0_chain(seed: int, M: int = 12, N: int = 10, NP: int = 6):
+    """Operands whose -0 results come and go: each instruction draws a pattern (random codes
+    at tiny ue8m0 scales 2^-75..2^-70, which cut tiny negative sums to -0; all products -0
+    (a's -0 codes times b's positive codes, or +0 codes times negative ones), which keep a
+    -0; +0 codes in a (zero sums that turn -0 into +0); random codes at scale 1; mostly -0
+    codes) and its scales; block 32."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 16, (M, 64 * NP), generator=g, dtype=torch.uint8)
+    b = torch.randint(0, 16, (64 * NP, N), generator=g, dtype=torch.uint8)
+    sa = torch.randint(44, 52, (M, 2 * NP), generator=g, dtype=torch.int64).to(torch.uint8)
+    sb = torch.randint(44, 52, (2 * NP, N), generator=g, dtype=torch.int64).to(torch.uint8)
+    for p in range(NP):
+        k, j = slice(64 * p, 64 * p + 64), slice(2 * p, 2 * p + 2)
+        kind = int(torch.randint(0, 5, (1,), generator=g))
+        if kind == 1:     # all products -0: -0 x positive, or +0 x negative
+            a[:, k] = 8
+            b[k] = b[k] & 7
+            if int(torch.randint(0, 2, (1,), generator=g)):
+                a[:, k], b[k] = 0, b[k] | 8
+        elif kind == 2:   # zero sums, +0 products (some -0 columns too)
+            a[:, k] = 0
+        elif kind == 3:   # scale 1: a real sum, no underflow
+            sa[:, j], sb[j] = 127, 127
+        elif kind == 4:   # mostly -0 codes, tiny scales
+            a[:, k][torch.rand(M, 64, generator=g) < 0.9] = 8
+    return a, b, sa, sb
+
+
+@interp
+@pytest.mark.parametrize("seed", range(N_HYP))
+def test_negative_zero_chains(seed):
+    """The -0 rule over chains of instructions (``neg0_chain``): the kernel keeps -0 through
+    zero sums and settles it after the loop from the last instruction whose products are not
+    all -0; == the emulator's per-instruction rule, bit for bit."""
+    a, b, sa, sb = neg0_chain(seed)
+    run(a, b, sa, sb, "ue8m0", 32)
+
+
 @interp
 def test_subnormal_results():
     """Sums below 2^-126 round toward zero on FP32's subnormal grid, signs kept: ue8m0 scales
@@ -393,6 +431,18 @@ def test_gpu_full_compare(kind):
     counts = run(*cuda, sf, block, alpha=al)
     if kind in ("nvfp4", "mxfp4"):
         assert counts[0] > counts[2], counts   # Gaussian operands: mostly FAST
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", ["", "128,128,8,3,8,4,2"])
+def test_gpu_negative_zero_chains(config, monkeypatch):
+    """``neg0_chain`` operands over several blocks (200 x 150, 12 instructions), 20 seeds,
+    every output against the emulator: the -0 settled after the loop."""
+    if config:
+        monkeypatch.setenv("FP4REF_CHAIN_CONFIG", config)
+    for seed in range(20):
+        a, b, sa, sb = neg0_chain(100 + seed, 200, 150, 12)
+        run(*[t.cuda() for t in (a, b, sa, sb)], "ue8m0", 32)
 
 
 @pytest.mark.gpu
