@@ -42,10 +42,14 @@ How each step stays exact:
   the statistics allow it, else GENERAL: E per output; each term (C, and the four group
   terms from four dots, one per group: a single group's dot is always exact) counted in
   steps q = 2^(E - 35) and truncated toward zero by one conversion (cvt.rzi.s64.f32), the
-  int64 counts summed exactly, rounded toward zero to FP32 once (cvt.rz.f32.s64) and scaled
-  back by q (exact; ue8m0's subnormal results by mul.rz; beyond 2^128 Inf; -0 only if C and
-  every product are -0).  The bound on |C| grows by the bound on |D| on every path, so
-  GENERAL needs no reduction over C.
+  int64 counts summed exactly, rounded toward zero to FP32 once (ue4m3: cvt.rz.f32.s64,
+  then scaled back by q exactly; ue8m0: the sum times q, exact in float64, by
+  cvt.rz.f32.f64, subnormals kept; beyond 2^128 Inf).  The bound on |C| grows by the bound
+  on |D| on every path, so GENERAL needs no reduction over C.  -0 (ue8m0 only: a tiny
+  negative sum cut to -0) survives an instruction only if C and every product are -0: the
+  loop keeps it through every zero sum, and ``_settle_neg0`` corrects the block's -0
+  results once, after the loop, from the last instruction whose products are not all -0
+  (-0 words from the prepass: which elements are +-0, which negative).
   Each step's operand tiles, exponent words and statistics are loaded a step ahead
   (their latency overlaps the step before).  The four group dots: one K = 16 dot per
   group slice (FP4REF_CHAIN_GENERAL="slices", the default) or four masked K = 64 dots of
@@ -371,16 +375,10 @@ if HAVE_TRITON:
         return r
 
     @triton.jit
-    def _in_q(y, e, RESID: tl.constexpr):
+    def _in_q(y, e):
         """y * 2^e truncated toward zero to an integer (int64: cvt.rzi.s64.f32), y a finite
-        float32 with |y * 2^e| < 2^62.  RESID: 2^e may leave float32's range (ue8m0), two
-        steps: the first is exact wherever the result is >= 1 (below, both truncate to 0)."""
-        if RESID:
-            e1 = tl.minimum(tl.maximum(e, -126), 127)
-            y = y * _p2f(e1) * _p2f(tl.minimum(tl.maximum(e - e1, -126), 127))
-        else:
-            y = y * _p2f(e)
-        return y.to(tl.int64)
+        float32 with |y * 2^e| < 2^62, e in [-126, 127]."""
+        return (y * _p2f(e)).to(tl.int64)
 
     @triton.jit
     def _term(x, s, wa, wb, g, RESID: tl.constexpr):
@@ -389,16 +387,18 @@ if HAVE_TRITON:
         if RESID:   # one product: |x| <= 576 and t <= 35; below 2^-126 it truncates to 0
             t = s + _grp(wa, g)[:, None] + _grp(wb, g)[None, :]
             return (x * _p2f(tl.maximum(t, -126))).to(tl.int64)
-        return _in_q(x, s, RESID)
+        return _in_q(x, s)
 
     @triton.jit
     def _general(C, ops, wa, wb, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
                  SLICES: tl.constexpr):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
-        (cvt.rzi: one conversion, the cut itself); their sum is exact (|sum| < 2^40), and
-        rounded toward zero to FP32 once (cvt.rz.f32.s64), then scaled back by q (exact, or Inf
-        beyond 2^128; ue8m0's subnormal results by mul.rz).  The group terms come from four
+        (cvt.rzi: one conversion, the cut itself); their sum is exact (|sum| < 2^47: C's count
+        < 2^36, a group's < 576 * 2^35), then rounded toward zero to FP32 once: ue4m3, the sum
+        by cvt.rz.f32.s64 and scaled back by q (exact, or Inf beyond 2^128); ue8m0, whose q
+        and results leave FP32's range, sum * q exact in float64 by cvt.rz.f32.f64 (subnormals
+        kept, Inf beyond 2^128).  The group terms come from four
         dots, one per group (a single group's sum is always exact in the dot), of the operand
         tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, ops =
         four [rows, 16] and four [16, cols] slices, one K = 16 dot each; else ops[2], ops[3] =
@@ -412,7 +412,7 @@ if HAVE_TRITON:
         if RESID:   # 2^s beyond FP32's range (s up to 161): in float64, exact
             acc = (tl.where(cinf, 0.0, C).to(tl.float64) * _p2d(s)).to(tl.int64)
         else:
-            acc = _in_q(tl.where(cinf, 0.0, C), s, RESID)
+            acc = _in_q(tl.where(cinf, 0.0, C), s)
         if SLICES:
             for g in tl.static_range(4):
                 acc += _term(_dot(ops[g], ops[4 + g], F32DOT), s, wa, wb, g, RESID)
