@@ -277,6 +277,11 @@ if HAVE_TRITON:
         return wa, wb
 
     @triton.jit
+    def _es(wa, wb, g):
+        """es_g = exp(sa_g) + exp(sb_g) per output."""
+        return _grp(wa, g)[:, None] + _grp(wb, g)[None, :]
+
+    @triton.jit
     def _esmax(wa, wb):
         """max_g es_g per output from the rows' and columns' words (byte g of a word, group 0
         lowest, is (w << (24 - 8 g)) >> 24)."""
@@ -329,7 +334,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _settle_neg0(C, AF, BF, AG, BG, EA, EB, NZA, NZB, rows, rmask, cols, cmask, K, NP,
-                     F32DOT: tl.constexpr, ASM: tl.constexpr, SLICES: tl.constexpr):
+                     RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+                     SLICES: tl.constexpr):
         """The exact -0 rule for the block's -0 results (ue8m0).  A -0 is made only by a tiny
         negative sum cut to -0 (a nonzero integer sum: "fresh"); it survives an instruction
         iff the sum is zero and all 64 products are -0; a +0 never turns -0.  The loop kept
@@ -345,9 +351,9 @@ if HAVE_TRITON:
         while (tl.max(todo) > 0) & (p >= 0):
             hit = todo & (_all_neg0(NZA, NZB, rows, rmask, cols, cmask, p, NP) == 0)
             if tl.max(hit) > 0:
-                ops = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, p, K, True, SLICES)
+                ops = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, p, K, RESID, SLICES)
                 wa, wb = _words(EA, EB, rows, rmask, cols, cmask, p, NP)
-                _, nonzero = _general(tl.zeros_like(C), ops, wa, wb, True, F32DOT, ASM, SLICES)
+                _, nonzero = _general(tl.zeros_like(C), ops, wa, wb, RESID, F32DOT, ASM, SLICES)
                 C = tl.where((hit > 0) & (nonzero == 0), 0.0, C)
             todo = todo & (hit == 0)
             p -= 1
@@ -385,7 +391,7 @@ if HAVE_TRITON:
         """A group term in steps q, truncated (int64): x = T_g (ue4m3) or S_g (ue8m0, whose
         group scale exponent joins here; far below q: cut to 0)."""
         if RESID:   # one product: |x| <= 576 and t <= 35; below 2^-126 it truncates to 0
-            t = s + _grp(wa, g)[:, None] + _grp(wb, g)[None, :]
+            t = s + _es(wa, wb, g)
             return (x * _p2f(tl.maximum(t, -126))).to(tl.int64)
         return _in_q(x, s)
 
@@ -404,7 +410,10 @@ if HAVE_TRITON:
         four [rows, 16] and four [16, cols] slices, one K = 16 dot each; else ops[2], ops[3] =
         [rows, 64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a
         masked copy per group).  Returns (r, the integer sum is nonzero)."""
-        esm = _esmax(wa, wb)
+        if RESID == 2:   # ue8m0 block 32: groups 0 / 1 and 2 / 3 share their scales
+            esm = tl.maximum(_es(wa, wb, 0), _es(wa, wb, 2))
+        else:
+            esm = _esmax(wa, wb)
         cb = C.to(tl.int32, bitcast=True)
         E = tl.maximum(tl.maximum((cb >> 23) & 255, 1) - 127, esm)   # C = 0 or subnormal: -126
         s = 35 - E                                       # a term t counts t * 2^s steps q
@@ -413,7 +422,12 @@ if HAVE_TRITON:
             acc = (tl.where(cinf, 0.0, C).to(tl.float64) * _p2d(s)).to(tl.int64)
         else:
             acc = _in_q(tl.where(cinf, 0.0, C), s)
-        if SLICES:
+        if SLICES & (RESID == 2):   # one scaling per shared scale pair, each term cut
+            for h in tl.static_range(0, 4, 2):
+                f = _p2f(tl.maximum(s + _es(wa, wb, h), -126))
+                acc += (_dot(ops[h], ops[4 + h], F32DOT) * f).to(tl.int64)
+                acc += (_dot(ops[h + 1], ops[5 + h], F32DOT) * f).to(tl.int64)
+        elif SLICES:
             for g in tl.static_range(4):
                 acc += _term(_dot(ops[g], ops[4 + g], F32DOT), s, wa, wb, g, RESID)
         else:
@@ -471,11 +485,15 @@ if HAVE_TRITON:
         values alone: each group's exact sum times its scales 2^(e_a + e_b) (exact: FAST's
         exponents stay in FP32's normal range) joins the sum by an exact FP32 add."""
         if SLICES:
-            if RESID:
-                d = _dot(ops[0], ops[4], F32DOT) * _p2f(_grp(wa, 0)[:, None] + _grp(wb, 0)[None, :])
+            if RESID == 2:   # block 32: a pair of groups shares its scales
+                d = (_dot(ops[0], ops[4], F32DOT) + _dot(ops[1], ops[5], F32DOT)) \
+                    * _p2f(_es(wa, wb, 0))
+                d += (_dot(ops[2], ops[6], F32DOT) + _dot(ops[3], ops[7], F32DOT)) \
+                    * _p2f(_es(wa, wb, 2))
+            elif RESID:
+                d = _dot(ops[0], ops[4], F32DOT) * _p2f(_es(wa, wb, 0))
                 for g in tl.static_range(1, 4):
-                    d += _dot(ops[g], ops[4 + g], F32DOT) \
-                        * _p2f(_grp(wa, g)[:, None] + _grp(wb, g)[None, :])
+                    d += _dot(ops[g], ops[4 + g], F32DOT) * _p2f(_es(wa, wb, g))
             else:
                 d = _dot(ops[0], ops[4], F32DOT)
                 for g in tl.static_range(1, 4):
@@ -666,9 +684,11 @@ if HAVE_TRITON:
         FS: the block is 1 / FS of a statistics block (BM/2 x BN/2) each way; it takes its path
         per step from that block's statistics (bounds of a larger block hold for its part) and
         its own C.  Each step's operand tiles (``_ops``: AF / BF the dot operands a * s_a; AG /
-        BG GENERAL's, ue8m0: the e2m1 values alone), exponent words, -0 words (NZA / NZB,
-        ue8m0) and statistics are loaded a step ahead, so their latency overlaps the step before (the loop is not pipelined
-        for us: its paths branch)."""
+        BG GENERAL's, ue8m0: the e2m1 values alone), exponent words and statistics are loaded
+        a step ahead, so their latency overlaps the step before (the loop is not pipelined
+        for us: its paths branch).  NZA / NZB: the -0 words (ue8m0, ``_settle_neg0``).
+        RESID: 0 ue4m3 (scales folded into AF / BF), 1 ue8m0 block 16, 2 ue8m0 block 32
+        (groups 0 / 1 and 2 / 3 share their scales)."""
         qm = tl.program_id(0) // FS        # the statistics blocks
         qn = tl.program_id(1) // FS
         nqn = tl.num_programs(1) // FS
@@ -702,7 +722,7 @@ if HAVE_TRITON:
                 n2 += (k == 2).to(tl.int32)
             if RESID:
                 C = _settle_neg0(C, AF, BF, AG, BG, EA, EB, NZA, NZB, rows, rmask, cols, cmask,
-                                 K, NP, F32DOT, ASM, SLICES)
+                                 K, NP, RESID, F32DOT, ASM, SLICES)
             _store(OUT, C, rows, rmask, cols, cmask, NANR, NANC, N, alpha, ALPHA, OUTK)
             tl.atomic_add(CNT + 0, n0)
             tl.atomic_add(CNT + 1, n1)
@@ -815,7 +835,7 @@ def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int
     return K
 
 
-def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> None:
+def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, resid: int) -> None:
     """The plan, then the FAST kernel on unflagged BM x BN tiles and the GENERAL-capable
     kernel on the BM/(2 FS) x BN/(2 FS) blocks of flagged ones (FS: full_split; both launched,
     each skips the other's)."""
@@ -839,7 +859,7 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, gen: bool) -> No
         num_warps=cfg["num_warps"], **common)
     _full_kernel[(FS * nqm, FS * nqn)](
         af, bf, ag, bg, nza, nzb, ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
-        QM=QM, QN=QN, RESID=gen, SLICES=_general_mode() == "slices", num_stages=1,
+        QM=QM, QN=QN, RESID=resid, SLICES=_general_mode() == "slices", num_stages=1,
         num_warps=cfg["full_warps"], **common)
 
 
@@ -894,5 +914,6 @@ def chain_mm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_bt:
                                     2 * triton.cdiv(N, BN), scale_format, block, gen)
     out = torch.empty(M, N, dtype=out_dtype, device=dev)
     cnt = counts if counts is not None else torch.zeros(3, dtype=torch.int32, device=dev)
-    _launch(cfg, A, B, out, cnt, M, N, K, alpha, gen)
+    # RESID: 0 ue4m3 (scales folded into the operands), 1 ue8m0 block 16, 2 ue8m0 block 32
+    _launch(cfg, A, B, out, cnt, M, N, K, alpha, 0 if not gen else 2 if block == 32 else 1)
     return out
