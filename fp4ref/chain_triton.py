@@ -63,8 +63,8 @@ How each step stays exact:
 
 ``counts`` (an int32 tensor of 3 zeros on the operands' device, optional) receives how many
 (64 x 64 block, instruction) steps took FAST, MEDIUM and GENERAL.  Tile sizes: ``CONFIG``
-(or FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps]]", read at every
-call: ``parse_config``).  Tests: tests/test_chain_triton.py (interpreter on CPU; ``-m gpu``
+(or FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split]]]",
+read at every call: ``parse_config``).  Tests: tests/test_chain_triton.py (interpreter on CPU; ``-m gpu``
 on a GPU); benchmark: ``fp4ref.harness.bench_chain``; offline sm_90 build check (registers,
 spills): compile with ``triton.compile`` as scripts/sass_digest.py does.
 """
@@ -86,12 +86,13 @@ __all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "us
            "chain_mm", "SCALE_BLOCKS", "parse_config", "GENERAL_MODES"]
 
 # _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
-# sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, 8 warps (sm_90: 242 /
-# 252 registers, no spills; with every step's loads issued a step ahead it beat BM/4 x BN/4
-# blocks with 4 or 8 warps by 1.4-1.7x on the H200: reports/baselines/chain-general/
-# h200-grid3-session17.json, GENERAL "slices" vs "masked" there too).  GROUP_M row tiles share
-# B tiles in L2.
-CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 8,
+# sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, 16 warps (sm_90: 128
+# registers, 16-96 bytes of spills; with 8 warps, 239-248 registers and none, GENERAL took
+# 3-6% longer on the H200: reports/baselines/chain-general/h200-bench-chain-session18d.json;
+# with every step's loads issued a step ahead BM/2 x BN/2 beat BM/4 x BN/4 blocks with 4 or
+# 8 warps by 1.4-1.9x: h200-grid3-session17.json, h200-variants-session18c.json; GENERAL
+# "slices" vs "masked" there too).  GROUP_M row tiles share B tiles in L2.
+CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 16,
           "full_split": 1}
 _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M": 2,
                   "full_warps": 4, "full_split": 1}

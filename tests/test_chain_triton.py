@@ -434,7 +434,7 @@ def test_gpu_full_compare(kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", ["", "128,128,8,3,8,4,2"])
+@pytest.mark.parametrize("config", ["", "128,128,8,3,8,8,1"])
 def test_gpu_negative_zero_chains(config, monkeypatch):
     """``neg0_chain`` operands over several blocks (200 x 150, 12 instructions), 20 seeds,
     every output against the emulator: the -0 settled after the loop."""
