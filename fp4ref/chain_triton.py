@@ -57,7 +57,9 @@ How each step stays exact:
   GENERAL is latency-bound, not bound by its per-output arithmetic (ablations: the loop's
   loads, the masked dots and a per-step reduction over C each cost more than the cuts;
   integer cuts in place of float64 ones saved nothing); loading a step ahead and dropping
-  the reduction brought the worst NVFP4 operands from 20x to 9x the Gaussian time.
+  the reduction brought the worst NVFP4 operands from 20x to 9x the Gaussian time.  Session
+  18: the -0 settle after the loop, one scaling per shared ue8m0 scale pair and 16 warps
+  took MXFP4's full ue8m0 range from 77.7 to 45.6 ms (docs/blackwell.md).
 * Epilogue in the kernels: alpha (one FP32 RNE product), NaN rows / columns, out_dtype
   (bf16 by integer RNE), canonical NaN.
 
