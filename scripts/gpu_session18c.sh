@@ -1,6 +1,7 @@
 #!/bin/bash
 # H200 call 3 of session 18: chain_triton variants side by side (scratch/bench_variants.py,
-# uncommitted scratch modules), then the chain GPU tests under the working tree's kernel.
+# uncommitted scratch modules, not kept: reports/baselines/chain-general/session18-variants.md),
+# then the chain GPU tests under the working tree's kernel.
 set -u
 OUT=${OUT:?OUT}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

@@ -1,6 +1,7 @@
 #!/bin/bash
 # H200 call 4 of session 18 (issue 17): chain_triton variants side by side (uncommitted
-# scratch modules, scratch/bench_variants.py; bit-compared with the committed session 17
+# scratch modules, scratch/bench_variants.py, not kept: reports/baselines/chain-general/
+# session18-variants.md; bit-compared with the committed session 17
 # kernel), the bench's chain section with the working tree's kernel (the default config and,
 # side by side on the worst sets, 16 warps on the GENERAL blocks), then the chain GPU tests.
 set -u
