@@ -66,8 +66,8 @@ How each step stays exact:
 ``counts`` (an int32 tensor of 3 zeros on the operands' device, optional) receives how many
 (64 x 64 block, instruction) steps took FAST, MEDIUM and GENERAL.  Tile sizes: ``CONFIG``
 (or FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split]]]",
-read at every call: ``parse_config``).  Tests: tests/test_chain_triton.py (interpreter on CPU; ``-m gpu``
-on a GPU); benchmark: ``fp4ref.harness.bench_chain``; offline sm_90 build check (registers,
+read at every call: ``parse_config``).  Tests: tests/test_chain_triton.py (interpreter on
+CPU; ``-m gpu`` on a GPU); benchmark: ``fp4ref.harness.bench_chain``; offline sm_90 build check (registers,
 spills): compile with ``triton.compile`` as scripts/sass_digest.py does.
 """
 from __future__ import annotations
@@ -407,8 +407,8 @@ if HAVE_TRITON:
         < 2^36, a group's < 576 * 2^35), then rounded toward zero to FP32 once: ue4m3, the sum
         by cvt.rz.f32.s64 and scaled back by q (exact, or Inf beyond 2^128); ue8m0, whose q
         and results leave FP32's range, sum * q exact in float64 by cvt.rz.f32.f64 (subnormals
-        kept, Inf beyond 2^128).  The group terms come from four
-        dots, one per group (a single group's sum is always exact in the dot), of the operand
+        kept, Inf beyond 2^128).  The group terms come from four dots, one per group (a
+        single group's sum is always exact in the dot), of the operand
         tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, ops =
         four [rows, 16] and four [16, cols] slices, one K = 16 dot each; else ops[2], ops[3] =
         [rows, 64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a
@@ -427,7 +427,7 @@ if HAVE_TRITON:
             acc = _in_q(tl.where(cinf, 0.0, C), s)
         if SLICES & (RESID == 2):   # one scaling per shared scale pair, each term cut
             for h in tl.static_range(0, 4, 2):
-                f = _p2f(tl.maximum(s + _es(wa, wb, h), -126))
+                f = _p2f(tl.maximum(s + _es(wa, wb, h), -126))   # as _term, once per pair
                 acc += (_dot(ops[h], ops[4 + h], F32DOT) * f).to(tl.int64)
                 acc += (_dot(ops[h + 1], ops[5 + h], F32DOT) * f).to(tl.int64)
         elif SLICES:
@@ -911,10 +911,9 @@ def chain_mm(a: torch.Tensor, bt: torch.Tensor, scale_a: torch.Tensor, scale_bt:
     BM, BN = cfg["BM"], cfg["BN"]
     gen = scale_format == "ue8m0"
     nmt = triton.cdiv(M, BM)
-    A = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt,
-                                    scale_format, block, gen)
-    B = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2,
-                                    2 * triton.cdiv(N, BN), scale_format, block, gen)
+    A = _prepare(a, pa, scale_a.contiguous(), K, BM // 2, 2 * nmt, scale_format, block, gen)
+    B = _prepare(bt, pb, scale_bt.contiguous(), K, BN // 2, 2 * triton.cdiv(N, BN),
+                 scale_format, block, gen)
     out = torch.empty(M, N, dtype=out_dtype, device=dev)
     cnt = counts if counts is not None else torch.zeros(3, dtype=torch.int32, device=dev)
     # RESID: 0 ue4m3 (scales folded into the operands), 1 ue8m0 block 16, 2 ue8m0 block 32

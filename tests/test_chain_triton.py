@@ -184,10 +184,10 @@ def test_negative_zero_chain():
 
 def neg0_chain(seed: int, M: int = 12, N: int = 10, NP: int = 6):
     """Operands whose -0 results come and go: each instruction draws a pattern (random codes
-    at tiny ue8m0 scales 2^-75..2^-70, which cut tiny negative sums to -0; all products -0
-    (a's -0 codes times b's positive codes, or +0 codes times negative ones), which keep a
-    -0; +0 codes in a (zero sums that turn -0 into +0); random codes at scale 1; mostly -0
-    codes) and its scales; block 32."""
+    at tiny ue8m0 scales 2^-83..2^-76, whose sums are cut to +-0 or the least subnormals; all
+    products -0 (a's -0 codes times b's positive codes, or +0 codes times negative ones),
+    which keep a -0; +0 codes in a (zero sums that turn -0 into +0); random codes at scale 1;
+    mostly -0 codes) and its scales; block 32."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randint(0, 16, (M, 64 * NP), generator=g, dtype=torch.uint8)
     b = torch.randint(0, 16, (64 * NP, N), generator=g, dtype=torch.uint8)
