@@ -139,9 +139,9 @@ if HAVE_TRITON:
 
     @triton.jit
     def _p2d(e):
-        """2^e as float64 (e clamped to float64's normal range)."""
-        e = tl.minimum(tl.maximum(e, -1022), 1023)
-        return ((e + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+        """2^e as float64 (e an int32 tensor in [-1022, 1023]; the callers' are within
+        [-478, 538])."""
+        return (((e + 1023) << 20).to(tl.int64) << 32).to(tl.float64, bitcast=True)
 
     @triton.jit
     def _add_rz(x, y, ASM: tl.constexpr):
@@ -356,7 +356,8 @@ if HAVE_TRITON:
             if tl.max(hit) > 0:
                 ops = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, p, K, RESID, SLICES)
                 wa, wb = _words(EA, EB, rows, rmask, cols, cmask, p, NP)
-                _, nonzero = _general(tl.zeros_like(C), ops, wa, wb, RESID, F32DOT, ASM, SLICES)
+                _, nonzero = _general(tl.zeros_like(C), _group_dots(ops, F32DOT, SLICES), wa, wb,
+                                      RESID, F32DOT, ASM, SLICES)
                 C = tl.where((hit > 0) & (nonzero == 0), 0.0, C)
             todo = todo & (hit == 0)
             p -= 1
@@ -378,7 +379,9 @@ if HAVE_TRITON:
         if ASM:  # PTX cvt.rz.f32.f64 (no .ftz); its overflow is +-FLT_MAX, the model's Inf
             r = tl.inline_asm_elementwise("cvt.rz.f32.f64 $0, $1;", "=f,d", [v],
                                           dtype=tl.float32, is_pure=True, pack=1)
-            r = tl.where(tl.abs(v) >= 3.402823669209385e38, v.to(tl.float32), r)
+            # beyond 2^128: +-FLT_MAX's bits + 1 are +-Inf's (an integer add, no 2nd conversion)
+            r = tl.where(tl.abs(v) >= 3.402823669209385e38,
+                         (r.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True), r)
         else:
             r = _rz32(v)
         return r
@@ -390,6 +393,16 @@ if HAVE_TRITON:
         return (y * _p2f(e)).to(tl.int64)
 
     @triton.jit
+    def _in_q2(y, e):
+        """y * 2^e truncated toward zero (int64), e in [-252, 254], y finite float32 with
+        |y * 2^e| < 2^62: two FP32 scalings.  Exact
+        where the result is >= 1 (the first product is then >= 2^-126 or the second is an
+        upscaling); below 1, either rounding leaves it below 1: 0.  Halves of e, so no clamp:
+        e1 = floor(e / 2) <= e - e1, both in [-126, 127]."""
+        e1 = e >> 1
+        return (y * _p2f(e1) * _p2f(e - e1)).to(tl.int64)
+
+    @triton.jit
     def _term(x, s, wa, wb, g, RESID: tl.constexpr):
         """A group term in steps q, truncated (int64): x = T_g (ue4m3) or S_g (ue8m0, whose
         group scale exponent joins here; far below q: cut to 0)."""
@@ -399,7 +412,7 @@ if HAVE_TRITON:
         return _in_q(x, s)
 
     @triton.jit
-    def _general(C, ops, wa, wb, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+    def _general(C, x, wa, wb, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
                  SLICES: tl.constexpr):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
@@ -409,43 +422,46 @@ if HAVE_TRITON:
         and results leave FP32's range, sum * q exact in float64 by cvt.rz.f32.f64 (subnormals
         kept, Inf beyond 2^128).  The group terms come from four dots, one per group (a
         single group's sum is always exact in the dot), of the operand
-        tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, ops =
-        four [rows, 16] and four [16, cols] slices, one K = 16 dot each; else ops[2], ops[3] =
-        [rows, 64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a
-        masked copy per group).  Returns (r, the integer sum is nonzero)."""
+        tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, x =
+        the four groups' sums (``_group_dots``); else x = the step's tiles, x[2], x[3] = [rows,
+        64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a masked
+        copy per group).  Returns (r, the integer sum is nonzero)."""
         if RESID == 2:   # ue8m0 block 32: groups 0 / 1 and 2 / 3 share their scales
             esm = tl.maximum(_es(wa, wb, 0), _es(wa, wb, 2))
         else:
             esm = _esmax(wa, wb)
-        cb = C.to(tl.int32, bitcast=True)
-        E = tl.maximum(tl.maximum((cb >> 23) & 255, 1) - 127, esm)   # C = 0 or subnormal: -126
+        # exp C, C = +-0 or subnormal counting as 2^-126: |C| raised to 2^-126, its exponent bits
+        ec = tl.maximum(tl.abs(C), 1.1754943508222875e-38).to(tl.int32, bitcast=True) >> 23
+        E = tl.maximum(ec - 127, esm)
         s = 35 - E                                       # a term t counts t * 2^s steps q
-        cinf = (cb & 0x7FFFFFFF) == 0x7F800000           # Inf C stays Inf (no Inf - Inf here)
-        if RESID:   # 2^s beyond FP32's range (s up to 161): in float64, exact
-            acc = (tl.where(cinf, 0.0, C).to(tl.float64) * _p2d(s)).to(tl.int64)
+        # Inf C stays Inf (no Inf - Inf here; replaced at the end): finite meanwhile
+        Cf = tl.minimum(tl.maximum(C, -3.4028234663852886e38), 3.4028234663852886e38)
+        if RESID:   # 2^s beyond FP32's range (s in [-219, 161]): two exact FP32 scalings
+            acc = _in_q2(Cf, s)
         else:
-            acc = _in_q(tl.where(cinf, 0.0, C), s)
+            acc = _in_q(Cf, s)
         if SLICES & (RESID == 2):   # one scaling per shared scale pair, each term cut
             for h in tl.static_range(0, 4, 2):
                 f = _p2f(tl.maximum(s + _es(wa, wb, h), -126))   # as _term, once per pair
-                acc += (_dot(ops[h], ops[4 + h], F32DOT) * f).to(tl.int64)
-                acc += (_dot(ops[h + 1], ops[5 + h], F32DOT) * f).to(tl.int64)
+                acc += (x[h] * f).to(tl.int64)
+                acc += (x[h + 1] * f).to(tl.int64)
         elif SLICES:
             for g in tl.static_range(4):
-                acc += _term(_dot(ops[g], ops[4 + g], F32DOT), s, wa, wb, g, RESID)
+                acc += _term(x[g], s, wa, wb, g, RESID)
         else:
-            ga = ops[2]
+            ga = x[2]
             kq = tl.arange(0, 64) // 16
             for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
-                x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), ops[3], F32DOT)
-                acc += _term(x, s, wa, wb, g, RESID)
+                xg = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), x[3], F32DOT)
+                acc += _term(xg, s, wa, wb, g, RESID)
         if RESID:   # acc * 2^(E - 35) exact in float64 (|acc| < 2^48), rounded once
-            r = _f32_rz(acc.to(tl.float64) * _p2d(-s), ASM)
+            v = acc.to(tl.float64) * _p2d(-s)
+            r = _f32_rz(v, ASM)
         else:       # ue4m3: E in [-12, 128], 2^(E - 35) normal: exact, or Inf beyond 2^128
             r = _cvt_rz(acc, ASM) * _p2f(-s)             # 24 bits, then exact
-        r = tl.where(cinf, C, r)
+        r = tl.where(Cf != C, C, r)
         if RESID:   # ue4m3: C is never -0 (the sums start at +0; RZ makes x - x +0)
-            r = _keep_neg0(C, acc == 0, r)
+            r = _keep_neg0(C, v == 0, r)      # (the float64 test: one instruction, not two)
         return r, acc != 0
 
     @triton.jit
@@ -481,7 +497,7 @@ if HAVE_TRITON:
         return _add_rz(Ct, d, ASM), path
 
     @triton.jit
-    def _dfast(ops, wa, wb, F32DOT: tl.constexpr, RESID: tl.constexpr, SLICES: tl.constexpr):
+    def _dfast(x, wa, wb, F32DOT: tl.constexpr, RESID: tl.constexpr, SLICES: tl.constexpr):
         """FAST's D from the step's tiles.  The group slices' dots add exactly under FAST's
         conditions: each partial sum is a sum over a subset of the 64 products, a multiple of
         2^L below 2^(L + 23) (Cauchy-Schwarz bounds every subset).  ue8m0 slices hold the e2m1
@@ -489,24 +505,32 @@ if HAVE_TRITON:
         exponents stay in FP32's normal range) joins the sum by an exact FP32 add."""
         if SLICES:
             if RESID == 2:   # block 32: a pair of groups shares its scales
-                d = (_dot(ops[0], ops[4], F32DOT) + _dot(ops[1], ops[5], F32DOT)) \
-                    * _p2f(_es(wa, wb, 0))
-                d += (_dot(ops[2], ops[6], F32DOT) + _dot(ops[3], ops[7], F32DOT)) \
-                    * _p2f(_es(wa, wb, 2))
+                d = (x[0] + x[1]) * _p2f(_es(wa, wb, 0)) + (x[2] + x[3]) * _p2f(_es(wa, wb, 2))
             elif RESID:
-                d = _dot(ops[0], ops[4], F32DOT) * _p2f(_es(wa, wb, 0))
+                d = x[0] * _p2f(_es(wa, wb, 0))
                 for g in tl.static_range(1, 4):
-                    d += _dot(ops[g], ops[4 + g], F32DOT) * _p2f(_es(wa, wb, g))
+                    d += x[g] * _p2f(_es(wa, wb, g))
             else:
-                d = _dot(ops[0], ops[4], F32DOT)
-                for g in tl.static_range(1, 4):
-                    d += _dot(ops[g], ops[4 + g], F32DOT)
+                d = (x[0] + x[1]) + (x[2] + x[3])
         else:
-            d = _dot(ops[0], ops[1], F32DOT)
+            d = _dot(x[0], x[1], F32DOT)
         return d
 
     @triton.jit
-    def _step(C, ops, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
+    def _group_dots(ops, F32DOT: tl.constexpr, SLICES: tl.constexpr):
+        """SLICES: the four groups' exact sums, one K = 16 dot each of the step's slices (one
+        group's sum is always exact in the dot; FAST adds them, GENERAL cuts each), issued
+        back to back before the next step's loads, so the dots' shared-memory fences do not
+        wait for those loads.  Else the tiles themselves (the masked dots run in GENERAL)."""
+        if SLICES:
+            x = (_dot(ops[0], ops[4], F32DOT), _dot(ops[1], ops[5], F32DOT),
+                 _dot(ops[2], ops[6], F32DOT), _dot(ops[3], ops[7], F32DOT))
+        else:
+            x = ops
+        return x
+
+    @triton.jit
+    def _step(C, x, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
               RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
               SLICES: tl.constexpr):
         """One instruction on one block, any path: (C, bound on |C|, path 0/1/2); ops, wa / wb
@@ -519,13 +543,13 @@ if HAVE_TRITON:
         bsq, esmin, esmax = st
         ok, bnd = _fast_ok(bsq, esmin, esmax, CB)
         if ok:
-            d = _dfast(ops, wa, wb, F32DOT, RESID, SLICES)
+            d = _dfast(x, wa, wb, F32DOT, RESID, SLICES)
             Cn, path = _fast_or_medium(C, d, _cmin(C), esmax, EA, EB, rows, rmask, cols, cmask,
                                        p, NP, ASM)
             if RESID:
                 Cn = _keep_neg0(C, d == 0, Cn)
         else:
-            Cn, _ = _general(C, ops, wa, wb, RESID, F32DOT, ASM, SLICES)
+            Cn, _ = _general(C, x, wa, wb, RESID, F32DOT, ASM, SLICES)
             path = 2
         return Cn, CB + bnd, path
 
@@ -713,12 +737,13 @@ if HAVE_TRITON:
             wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, 0, NP)
             stn = _stats(sa, sai, sb, sbi, 0, NP)
             for p in range(0, NP):
-                ops, wa, wb, st = opsn, wan, wbn, stn
+                x = _group_dots(opsn, F32DOT, SLICES)
+                wa, wb, st = wan, wbn, stn
                 q = tl.minimum(p + 1, NP - 1)     # the next step's loads, in flight meanwhile
                 opsn = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, q, K, RESID, SLICES)
                 wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, q, NP)
                 stn = _stats(sa, sai, sb, sbi, q, NP)
-                C, CB, k = _step(C, ops, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
+                C, CB, k = _step(C, x, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
                                  RESID, F32DOT, ASM, SLICES)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
