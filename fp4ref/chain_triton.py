@@ -739,7 +739,11 @@ if HAVE_TRITON:
             for p in range(0, NP):
                 x = _group_dots(opsn, F32DOT, SLICES)
                 wa, wb, st = wan, wbn, stn
-                q = tl.minimum(p + 1, NP - 1)     # the next step's loads, in flight meanwhile
+                # the next step's loads, in flight during this step's arithmetic.  After a
+                # barrier: else the compiler issues them between the dots, and the shared
+                # memory fence before each dot waits for them (H200 stall samples, session 19)
+                tl.debug_barrier()
+                q = tl.minimum(p + 1, NP - 1)
                 opsn = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, q, K, RESID, SLICES)
                 wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, q, NP)
                 stn = _stats(sa, sai, sb, sbi, q, NP)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# H200 call 2 of session 19 (issue 17): chain_triton variants side by side (scratch/
+# H200 calls 2 and 4 of session 19 (issue 17): chain_triton variants side by side (scratch/
 # bench_variants.py and scratch/ct_*.py, uncommitted scratch copies of fp4ref/chain_triton.py;
 # reports/baselines/chain-general/session19-variants.md), then the chain GPU tests under the
 # working tree's kernel.
