@@ -44,7 +44,8 @@ How each step stays exact:
   steps q = 2^(E - 35) and truncated toward zero by one conversion (cvt.rzi.s64.f32), the
   int64 counts summed exactly, rounded toward zero to FP32 once (ue4m3: cvt.rz.f32.s64,
   then scaled back by q exactly; ue8m0: the sum times q, exact in float64, by
-  cvt.rz.f32.f64, subnormals kept; beyond 2^128 Inf).  The bound on |C| grows by the bound
+  cvt.rz.f32.f64, subnormals kept; beyond 2^128 Inf).  C's count needs no float64: two
+  exact FP32 scalings by halves of its exponent.  The bound on |C| grows by the bound
   on |D| on every path, so GENERAL needs no reduction over C.  -0 (ue8m0 only: a tiny
   negative sum cut to -0) survives an instruction only if C and every product are -0: the
   loop keeps it through every zero sum, and ``_settle_neg0`` corrects the block's -0
@@ -59,7 +60,10 @@ How each step stays exact:
   integer cuts in place of float64 ones saved nothing); loading a step ahead and dropping
   the reduction brought the worst NVFP4 operands from 20x to 9x the Gaussian time.  Session
   18: the -0 settle after the loop, one scaling per shared ue8m0 scale pair and 16 warps
-  took MXFP4's full ue8m0 range from 77.7 to 45.6 ms (docs/blackwell.md).
+  took MXFP4's full ue8m0 range from 77.7 to 45.6 ms (docs/blackwell.md).  Session 19:
+  two conversions fewer per output (C's count, the Inf rule) and fewer integer steps took
+  it to 43.4 ms beside 45.1 (session19-variants.md; ncu: half the issue slots idle, the
+  stalls spread over dependencies, conversion queues, loads and barriers).
 * Epilogue in the kernels: alpha (one FP32 RNE product), NaN rows / columns, out_dtype
   (bf16 by integer RNE), canonical NaN.
 
@@ -88,9 +92,10 @@ __all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "us
            "chain_mm", "SCALE_BLOCKS", "parse_config", "GENERAL_MODES"]
 
 # _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
-# sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, 16 warps (sm_90: 128
-# registers, 16-96 bytes of spills; with 8 warps, 239-248 registers and none, GENERAL took
-# 3-6% longer on the H200: reports/baselines/chain-general/h200-bench-chain-session18d.json;
+# sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, 16 warps (sm_90, K,
+# M, N multiples of 16 as at run time: 128 registers, 16-72 bytes of spills; with 8 warps,
+# 211-239 registers and none; session 18's kernel took 3-6% longer with 8 warps on the H200:
+# reports/baselines/chain-general/h200-bench-chain-session18d.json;
 # with every step's loads issued a step ahead BM/2 x BN/2 beat BM/4 x BN/4 blocks with 4 or
 # 8 warps by 1.4-1.9x: h200-grid3-session17.json, h200-variants-session18c.json; GENERAL
 # "slices" vs "masked" there too).  GROUP_M row tiles share B tiles in L2.
@@ -356,8 +361,7 @@ if HAVE_TRITON:
             if tl.max(hit) > 0:
                 ops = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, p, K, RESID, SLICES)
                 wa, wb = _words(EA, EB, rows, rmask, cols, cmask, p, NP)
-                _, nonzero = _general(tl.zeros_like(C), _group_dots(ops, F32DOT, SLICES), wa, wb,
-                                      RESID, F32DOT, ASM, SLICES)
+                _, nonzero = _general(tl.zeros_like(C), ops, wa, wb, RESID, F32DOT, ASM, SLICES)
                 C = tl.where((hit > 0) & (nonzero == 0), 0.0, C)
             todo = todo & (hit == 0)
             p -= 1
@@ -395,10 +399,10 @@ if HAVE_TRITON:
     @triton.jit
     def _in_q2(y, e):
         """y * 2^e truncated toward zero (int64), e in [-252, 254], y finite float32 with
-        |y * 2^e| < 2^62: two FP32 scalings.  Exact
-        where the result is >= 1 (the first product is then >= 2^-126 or the second is an
-        upscaling); below 1, either rounding leaves it below 1: 0.  Halves of e, so no clamp:
-        e1 = floor(e / 2) <= e - e1, both in [-126, 127]."""
+        |y * 2^e| < 2^62: two FP32 scalings.  Exact where the result is >= 1 (the first
+        product is then >= 2^-126 or the second is an upscaling); below 1, either rounding
+        leaves it below 1: 0.  Halves of e, so no clamp: e1 = floor(e / 2) <= e - e1, both
+        in [-126, 127]."""
         e1 = e >> 1
         return (y * _p2f(e1) * _p2f(e - e1)).to(tl.int64)
 
@@ -412,7 +416,7 @@ if HAVE_TRITON:
         return _in_q(x, s)
 
     @triton.jit
-    def _general(C, x, wa, wb, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
+    def _general(C, ops, wa, wb, RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
                  SLICES: tl.constexpr):
         """The exact instruction per output, in integers: with q = 2^(E - 35) the truncation
         step, each term (C, and the four group terms) is t / q truncated toward zero, an int64
@@ -422,10 +426,10 @@ if HAVE_TRITON:
         and results leave FP32's range, sum * q exact in float64 by cvt.rz.f32.f64 (subnormals
         kept, Inf beyond 2^128).  The group terms come from four dots, one per group (a
         single group's sum is always exact in the dot), of the operand
-        tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, x =
-        the four groups' sums (``_group_dots``); else x = the step's tiles, x[2], x[3] = [rows,
-        64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a masked
-        copy per group).  Returns (r, the integer sum is nonzero)."""
+        tiles loaded a step ahead (ue8m0: the e2m1 values alone; ue4m3: a * s_a): SLICES, ops =
+        four [rows, 16] and four [16, cols] slices, one K = 16 dot each; else ops[2], ops[3] =
+        [rows, 64], [64, cols], four masked K = 64 dots (4x the tensor work of one dot, and a
+        masked copy per group).  Returns (r, the integer sum is nonzero)."""
         if RESID == 2:   # ue8m0 block 32: groups 0 / 1 and 2 / 3 share their scales
             esm = tl.maximum(_es(wa, wb, 0), _es(wa, wb, 2))
         else:
@@ -443,17 +447,17 @@ if HAVE_TRITON:
         if SLICES & (RESID == 2):   # one scaling per shared scale pair, each term cut
             for h in tl.static_range(0, 4, 2):
                 f = _p2f(tl.maximum(s + _es(wa, wb, h), -126))   # as _term, once per pair
-                acc += (x[h] * f).to(tl.int64)
-                acc += (x[h + 1] * f).to(tl.int64)
+                acc += (_dot(ops[h], ops[4 + h], F32DOT) * f).to(tl.int64)
+                acc += (_dot(ops[h + 1], ops[5 + h], F32DOT) * f).to(tl.int64)
         elif SLICES:
             for g in tl.static_range(4):
-                acc += _term(x[g], s, wa, wb, g, RESID)
+                acc += _term(_dot(ops[g], ops[4 + g], F32DOT), s, wa, wb, g, RESID)
         else:
-            ga = x[2]
+            ga = ops[2]
             kq = tl.arange(0, 64) // 16
             for g in range(4):   # not unrolled: unrolling spills in the sm_90 build
-                xg = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), x[3], F32DOT)
-                acc += _term(xg, s, wa, wb, g, RESID)
+                x = _dot(tl.where((kq == g)[None, :], ga, tl.zeros_like(ga)), ops[3], F32DOT)
+                acc += _term(x, s, wa, wb, g, RESID)
         if RESID:   # acc * 2^(E - 35) exact in float64 (|acc| < 2^48), rounded once
             v = acc.to(tl.float64) * _p2d(-s)
             r = _f32_rz(v, ASM)
@@ -497,7 +501,7 @@ if HAVE_TRITON:
         return _add_rz(Ct, d, ASM), path
 
     @triton.jit
-    def _dfast(x, wa, wb, F32DOT: tl.constexpr, RESID: tl.constexpr, SLICES: tl.constexpr):
+    def _dfast(ops, wa, wb, F32DOT: tl.constexpr, RESID: tl.constexpr, SLICES: tl.constexpr):
         """FAST's D from the step's tiles.  The group slices' dots add exactly under FAST's
         conditions: each partial sum is a sum over a subset of the 64 products, a multiple of
         2^L below 2^(L + 23) (Cauchy-Schwarz bounds every subset).  ue8m0 slices hold the e2m1
@@ -505,32 +509,24 @@ if HAVE_TRITON:
         exponents stay in FP32's normal range) joins the sum by an exact FP32 add."""
         if SLICES:
             if RESID == 2:   # block 32: a pair of groups shares its scales
-                d = (x[0] + x[1]) * _p2f(_es(wa, wb, 0)) + (x[2] + x[3]) * _p2f(_es(wa, wb, 2))
+                d = (_dot(ops[0], ops[4], F32DOT) + _dot(ops[1], ops[5], F32DOT)) \
+                    * _p2f(_es(wa, wb, 0))
+                d += (_dot(ops[2], ops[6], F32DOT) + _dot(ops[3], ops[7], F32DOT)) \
+                    * _p2f(_es(wa, wb, 2))
             elif RESID:
-                d = x[0] * _p2f(_es(wa, wb, 0))
+                d = _dot(ops[0], ops[4], F32DOT) * _p2f(_es(wa, wb, 0))
                 for g in tl.static_range(1, 4):
-                    d += x[g] * _p2f(_es(wa, wb, g))
+                    d += _dot(ops[g], ops[4 + g], F32DOT) * _p2f(_es(wa, wb, g))
             else:
-                d = (x[0] + x[1]) + (x[2] + x[3])
+                d = _dot(ops[0], ops[4], F32DOT)
+                for g in tl.static_range(1, 4):
+                    d += _dot(ops[g], ops[4 + g], F32DOT)
         else:
-            d = _dot(x[0], x[1], F32DOT)
+            d = _dot(ops[0], ops[1], F32DOT)
         return d
 
     @triton.jit
-    def _group_dots(ops, F32DOT: tl.constexpr, SLICES: tl.constexpr):
-        """SLICES: the four groups' exact sums, one K = 16 dot each of the step's slices (one
-        group's sum is always exact in the dot; FAST adds them, GENERAL cuts each), issued
-        back to back before the next step's loads, so the dots' shared-memory fences do not
-        wait for those loads.  Else the tiles themselves (the masked dots run in GENERAL)."""
-        if SLICES:
-            x = (_dot(ops[0], ops[4], F32DOT), _dot(ops[1], ops[5], F32DOT),
-                 _dot(ops[2], ops[6], F32DOT), _dot(ops[3], ops[7], F32DOT))
-        else:
-            x = ops
-        return x
-
-    @triton.jit
-    def _step(C, x, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
+    def _step(C, ops, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
               RESID: tl.constexpr, F32DOT: tl.constexpr, ASM: tl.constexpr,
               SLICES: tl.constexpr):
         """One instruction on one block, any path: (C, bound on |C|, path 0/1/2); ops, wa / wb
@@ -543,13 +539,13 @@ if HAVE_TRITON:
         bsq, esmin, esmax = st
         ok, bnd = _fast_ok(bsq, esmin, esmax, CB)
         if ok:
-            d = _dfast(x, wa, wb, F32DOT, RESID, SLICES)
+            d = _dfast(ops, wa, wb, F32DOT, RESID, SLICES)
             Cn, path = _fast_or_medium(C, d, _cmin(C), esmax, EA, EB, rows, rmask, cols, cmask,
                                        p, NP, ASM)
             if RESID:
                 Cn = _keep_neg0(C, d == 0, Cn)
         else:
-            Cn, _ = _general(C, x, wa, wb, RESID, F32DOT, ASM, SLICES)
+            Cn, _ = _general(C, ops, wa, wb, RESID, F32DOT, ASM, SLICES)
             path = 2
         return Cn, CB + bnd, path
 
@@ -737,17 +733,12 @@ if HAVE_TRITON:
             wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, 0, NP)
             stn = _stats(sa, sai, sb, sbi, 0, NP)
             for p in range(0, NP):
-                x = _group_dots(opsn, F32DOT, SLICES)
-                wa, wb, st = wan, wbn, stn
-                # the next step's loads, in flight during this step's arithmetic.  After a
-                # barrier: else the compiler issues them between the dots, and the shared
-                # memory fence before each dot waits for them (H200 stall samples, session 19)
-                tl.debug_barrier()
-                q = tl.minimum(p + 1, NP - 1)
+                ops, wa, wb, st = opsn, wan, wbn, stn
+                q = tl.minimum(p + 1, NP - 1)     # the next step's loads, in flight meanwhile
                 opsn = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, q, K, RESID, SLICES)
                 wan, wbn = _words(EA, EB, rows, rmask, cols, cmask, q, NP)
                 stn = _stats(sa, sai, sb, sbi, q, NP)
-                C, CB, k = _step(C, x, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
+                C, CB, k = _step(C, ops, wa, wb, st, CB, EA, EB, rows, rmask, cols, cmask, p, NP,
                                  RESID, F32DOT, ASM, SLICES)
                 n0 += (k == 0).to(tl.int32)
                 n1 += (k == 1).to(tl.int32)
