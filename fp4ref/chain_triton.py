@@ -144,8 +144,10 @@ if HAVE_TRITON:
 
     @triton.jit
     def _p2d(e):
-        """2^e as float64 (e an int32 tensor in [-1022, 1023]; the callers' are within
-        [-478, 538])."""
+        """2^e as float64, e an int32 tensor in [-1022, 1023] (GENERAL's -s: [-161, 219];
+        ``_fast_ok``'s: [-478, 538], except for a statistics block past M or N, whose
+        exponents are +-2^20: the int32 shift then keeps (e + 1023) mod 4096, here within
+        [799, 1307], a positive power of two, so its FAST tests pass as with a clamp)."""
         return (((e + 1023) << 20).to(tl.int64) << 32).to(tl.float64, bitcast=True)
 
     @triton.jit
