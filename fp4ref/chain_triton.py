@@ -71,8 +71,8 @@ How each step stays exact:
 (64 x 64 block, instruction) steps took FAST, MEDIUM and GENERAL.  Tile sizes: ``CONFIG``
 (or FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split]]]",
 read at every call: ``parse_config``).  Tests: tests/test_chain_triton.py (interpreter on
-CPU; ``-m gpu`` on a GPU); benchmark: ``fp4ref.harness.bench_chain``; offline sm_90 build check (registers,
-spills): compile with ``triton.compile`` as scripts/sass_digest.py does.
+CPU; ``-m gpu`` on a GPU); benchmark: ``fp4ref.harness.bench_chain``; offline sm_90 build
+check (registers, spills): compile with ``triton.compile`` as scripts/sass_digest.py does.
 """
 from __future__ import annotations
 

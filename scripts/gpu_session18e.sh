@@ -5,11 +5,4 @@
 set -u
 OUT=${OUT:?OUT}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_chain_triton.py \
-    tests/test_scaled_mm.py > "$OUT/test-gpu-chain.log" 2>&1
-echo "rc=$?" >> "$OUT/test-gpu-chain.log"
-tail -3 "$OUT/test-gpu-chain.log"; grep -E "^E  |FAILED" "$OUT/test-gpu-chain.log" | cut -c1-600 | head -12
-timeout 110 python3 -m fp4ref.harness.bench_chain --sizes 8192 --out "$OUT/bench-chain.json" \
-    > "$OUT/bench-chain.log" 2>&1
-echo "rc=$?" >> "$OUT/bench-chain.log"
-tail -13 "$OUT/bench-chain.log" | cut -c1-200
+bash scripts/gpu_chain_checks.sh 190 110

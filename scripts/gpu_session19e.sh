@@ -7,7 +7,4 @@ OUT=${OUT:?OUT}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 timeout 110 python3 scratch/bench_variants.py "${1:-head,v7,v9}" "" 2>&1 | grep -v Warn > "$OUT/variants.log"
 grep -E "^time|diff [1-9]" "$OUT/variants.log"
-timeout 140 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_chain_triton.py \
-    tests/test_scaled_mm.py > "$OUT/test-gpu-chain.log" 2>&1
-echo "rc=$?" >> "$OUT/test-gpu-chain.log"
-tail -3 "$OUT/test-gpu-chain.log"; grep -E "^E  |FAILED" "$OUT/test-gpu-chain.log" | cut -c1-400 | head -12
+bash scripts/gpu_chain_checks.sh 140
