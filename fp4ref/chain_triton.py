@@ -28,7 +28,8 @@ How each step stays exact:
   bounds every partial sum of the dot below 2^(L+23), so a tensor-core dot over K = 64 of
   A' and B' is the exact sum D of the four group terms (the H200's W25-truncating fused
   add loses no bit of such values); the exponent spread (<= 27) and a running bound on |C|
-  exclude the truncation of any group term; no value leaves FP32's normal range.
+  exclude the truncation of any group term; no value leaves FP32's normal range.  Its flag
+  per block pair: 0 (FAST at every instruction), 1 (at some), 2 (at none).
 * ``_fast_kernel`` (BM x BN tiles, every block FAST-planned): per instruction one dot, then
   RZ(C + D), one FP32 add rounded toward zero (PTX add.rz.f32; an exact TwoSum emulation in
   the interpreter).  C itself needs no cut while it is a multiple of the tile's largest
@@ -37,42 +38,50 @@ How each step stays exact:
   that) is >= max es - 35, a scalar test; else while min |C| over the nonzero C >= 2^(max
   es - 12) (one reduction); else MEDIUM: C is first truncated at its own q = 2^(max_g
   es_g - 35) (per output) by an add rounded toward zero.
-* ``_full_kernel`` (BM/(2 full_split) x BN/(2 full_split) blocks of the other tiles, each
-  taking its paths from its statistics block's bounds and its own C): FAST / MEDIUM where
-  the statistics allow it, else GENERAL: E per output; each term (C, and the four group
-  terms from four dots, one per group: a single group's dot is always exact) counted in
-  steps q = 2^(E - 35) and truncated toward zero by one conversion (cvt.rzi.s64.f32), the
-  int64 counts summed exactly, rounded toward zero to FP32 once (ue4m3: cvt.rz.f32.s64,
-  then scaled back by q exactly; ue8m0: the sum times q, exact in float64, by
-  cvt.rz.f32.f64, subnormals kept; beyond 2^128 Inf).  C's count needs no float64: two
-  exact FP32 scalings by halves of its exponent.  The bound on |C| grows by the bound
-  on |D| on every path, so GENERAL needs no reduction over C.  -0 (ue8m0 only: a tiny
+* ``_full_kernel`` (BM/(2 full_split) x BN/(2 full_split) blocks of the other tiles, but
+  those flagged 2, each taking its paths from its statistics block's bounds and its own C):
+  FAST / MEDIUM where the statistics allow it, else GENERAL: E per output; each term (C, and
+  the four group terms from four dots, one per group: a single group's dot is always exact)
+  counted in steps q = 2^(E - 35) and truncated toward zero by one conversion
+  (cvt.rzi.s64.f32), the int64 counts summed exactly, rounded toward zero to FP32 once
+  (ue4m3: cvt.rz.f32.s64, then scaled back by q exactly; ue8m0: the sum times q, exact in
+  float64, by cvt.rz.f32.f64, subnormals kept; beyond 2^128 Inf). C's count needs no
+  float64: two exact FP32 scalings by halves of its exponent. The bound on |C| grows by the
+  bound on |D| on every path, so GENERAL needs no reduction over C. -0 (ue8m0 only: a tiny
   negative sum cut to -0) survives an instruction only if C and every product are -0: the
-  loop keeps it through every zero sum, and ``_settle_neg0`` corrects the block's -0
-  results once, after the loop, from the last instruction whose products are not all -0
-  (-0 words from the prepass: which elements are +-0, which negative).
-  Each step's operand tiles, exponent words and statistics are loaded a step ahead
-  (their latency overlaps the step before).  The four group dots: one K = 16 dot per
-  group slice (FP4REF_CHAIN_GENERAL="slices", the default) or four masked K = 64 dots of
-  the step's tiles ("masked").  On the H200 (session 17, reports/baselines/chain-general/):
-  GENERAL is latency-bound, not bound by its per-output arithmetic (ablations: the loop's
-  loads, the masked dots and a per-step reduction over C each cost more than the cuts;
-  integer cuts in place of float64 ones saved nothing); loading a step ahead and dropping
-  the reduction brought the worst NVFP4 operands from 20x to 9x the Gaussian time.  Session
-  18: the -0 settle after the loop, one scaling per shared ue8m0 scale pair and 16 warps
-  took MXFP4's full ue8m0 range from 77.7 to 45.6 ms (docs/blackwell.md).  Session 19:
-  two conversions fewer per output (C's count, the Inf rule) and fewer integer steps took
-  it to 43.4 ms beside 45.1 (session19-variants.md; ncu: half the issue slots idle, the
-  stalls spread over dependencies, conversion queues, loads and barriers).
+  loop keeps it through every zero sum, and ``_settle_neg0`` corrects the block's -0 results
+  once, after the loop, from the last instruction whose products are not all -0 (-0 words
+  from the prepass: which elements are +-0, which negative). Each step's operand tiles,
+  exponent words and statistics are loaded a step ahead (their latency overlaps the step
+  before). The four group dots: one K = 16 dot per group slice
+  (FP4REF_CHAIN_GENERAL="slices", the default) or four masked K = 64 dots of the step's
+  tiles ("masked"). On the H200 (session 17, reports/baselines/chain-general/): GENERAL is
+  latency-bound, not bound by its per-output arithmetic (ablations: the loop's loads, the
+  masked dots and a per-step reduction over C each cost more than the cuts; integer cuts in
+  place of float64 ones saved nothing); loading a step ahead and dropping the reduction
+  brought the worst NVFP4 operands from 20x to 9x the Gaussian time. Session 18: the -0
+  settle after the loop, one scaling per shared ue8m0 scale pair and 16 warps took MXFP4's
+  full ue8m0 range from 77.7 to 45.6 ms (docs/blackwell.md). Session 19: two conversions
+  fewer per output (C's count, the Inf rule) and fewer integer steps took it to 43.4 ms
+  beside 45.1 (session19-variants.md; ncu: half the issue slots idle, the stalls spread over
+  dependencies, conversion queues, loads and barriers).
+* ``_general_kernel`` (the blocks flagged 2, their columns split ``gen_split`` ways): the
+  same GENERAL step, bit for bit, in a loop without branches, which Triton pipelines: the
+  group slices and exponent words of each step are copied to shared memory (cp.async)
+  ``gen_stages`` - 1 steps ahead, so no fence before a dot waits for the next step's loads
+  as in ``_full_kernel``; at most 128 registers (ue4m3: 80) put two (three) blocks of 8
+  warps on an SM.  Session 20 on the H200: MXFP4's full ue8m0 range 43.3 -> 28.9 ms, NVFP4's
+  full e4m3 range 36.8 -> 22.8 ms (reports/baselines/chain-general/session20-variants.md).
 * Epilogue in the kernels: alpha (one FP32 RNE product), NaN rows / columns, out_dtype
   (bf16 by integer RNE), canonical NaN.
 
 ``counts`` (an int32 tensor of 3 zeros on the operands' device, optional) receives how many
-(64 x 64 block, instruction) steps took FAST, MEDIUM and GENERAL.  Tile sizes: ``CONFIG``
-(or FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split]]]",
-read at every call: ``parse_config``).  Tests: tests/test_chain_triton.py (interpreter on
-CPU; ``-m gpu`` on a GPU); benchmark: ``fp4ref.harness.bench_chain``; offline sm_90 build
-check (registers, spills): compile with ``triton.compile`` as scripts/sass_digest.py does.
+(64 x 64 block, instruction) steps took FAST, MEDIUM and GENERAL. Tile sizes: ``CONFIG`` (or
+FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split[,
+gen_split[,gen_warps[,gen_stages]]]]]]", read at every call: ``parse_config``). Tests:
+tests/test_chain_triton.py (interpreter on CPU; ``-m gpu`` on a GPU); benchmark:
+``fp4ref.harness.bench_chain``; offline sm_90 build check (registers, spills): compile with
+``triton.compile`` as scripts/sass_digest.py does.
 """
 from __future__ import annotations
 
@@ -88,8 +97,8 @@ except Exception:  # pragma: no cover - depends on the machine
     triton = tl = None
     HAVE_TRITON = False
 
-__all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "use_triton",
-           "chain_mm", "SCALE_BLOCKS", "parse_config", "GENERAL_MODES"]
+__all__ = ["HAVE_TRITON", "CONFIG", "CONFIG_KEYS", "BACKENDS", "available", "interpreting",
+           "use_triton", "chain_mm", "SCALE_BLOCKS", "parse_config", "GENERAL_MODES"]
 
 # _fast_kernel: BM x BN tiles (one HGMMA 64x128 per warpgroup and k-step, 3 TMA stages; the
 # sm_90 build has no register spills); _full_kernel: BM/2 x BN/2 blocks, 16 warps (sm_90, K,
@@ -99,10 +108,17 @@ __all__ = ["HAVE_TRITON", "CONFIG", "BACKENDS", "available", "interpreting", "us
 # with every step's loads issued a step ahead BM/2 x BN/2 beat BM/4 x BN/4 blocks with 4 or
 # 8 warps by 1.4-1.9x: h200-grid3-session17.json, h200-variants-session18c.json; GENERAL
 # "slices" vs "masked" there too).  GROUP_M row tiles share B tiles in L2.
+# _general_kernel: BM/2 x BN/(2 gen_split) blocks, gen_warps warps, gen_stages pipeline stages
+# (64 x 32, 8 warps, 3 stages: session 20's calls 1-3 on the H200 beat 64 x 64 and 64 x 16
+# blocks, 2-6 stages and TMA loads, reports/baselines/chain-general/session20-variants.md).
 CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 16,
-          "full_split": 1}
+          "full_split": 1, "gen_split": 2, "gen_warps": 8, "gen_stages": 3}
 _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M": 2,
-                  "full_warps": 4, "full_split": 1}
+                  "full_warps": 4, "full_split": 1, "gen_split": 2, "gen_warps": 4,
+                  "gen_stages": 2}
+# _general_kernel's registers per thread, by RESID: at most 128 lets two blocks of 8 warps share
+# an SM's 65536; ue4m3's GENERAL fits 80 without spills: three blocks (session 20, call 3)
+_GEN_MAXNREG = (80, 128, 128)
 SCALE_BLOCKS = {"ue4m3": (16,), "ue8m0": (32, 16)}
 BACKENDS = ("auto", "triton", "torch")
 _FOLD = 48            # ue8m0 scales with |exponent| <= 48 are folded into the bf16 operand
@@ -553,8 +569,9 @@ if HAVE_TRITON:
 
     @triton.jit
     def _plan_kernel(SA, SAI, SB, SBI, FLAG, NP: tl.constexpr):
-        """FLAG[qm, qn] = 1 where FAST's conditions fail for block pair (qm, qn) at some
-        instruction (no C needed: the bound on |C| only grows by the bound on |D|)."""
+        """FLAG[qm, qn] for block pair (qm, qn): 0 where FAST's conditions hold at every
+        instruction, 2 where they fail at every one, else 1 (no C needed: the bound on |C| only
+        grows by the bound on |D|)."""
         qm = tl.program_id(0)
         qn = tl.program_id(1)
         CB = tl.max(tl.zeros((2,), tl.float64))
@@ -562,9 +579,10 @@ if HAVE_TRITON:
         for p in range(0, NP):
             ok, bnd = _fast_ok(*_stats(SA + qm * 3 * NP, SAI + qm * 3 * NP, SB + qn * 3 * NP,
                                        SBI + qn * 3 * NP, p, NP), CB)
-            bad = tl.maximum(bad, 1 - ok.to(tl.int32))
+            bad += 1 - ok.to(tl.int32)
             CB = CB + bnd
-        tl.store(FLAG + qm * tl.num_programs(1) + qn, bad)
+        tl.store(FLAG + qm * tl.num_programs(1) + qn, tl.where(bad == NP, 2, (bad > 0).to(
+            tl.int32)))
 
     @triton.jit
     def _tile_flag(FLAG, tm, tn, NQN):
@@ -717,7 +735,9 @@ if HAVE_TRITON:
         qm = tl.program_id(0) // FS        # the statistics blocks
         qn = tl.program_id(1) // FS
         nqn = tl.num_programs(1) // FS
-        if _tile_flag(FLAG, qm // 2, qn // 2, nqn) != 0:
+        # a flagged tile's blocks but those with no FAST instruction (``_general_kernel``'s)
+        own = tl.load(FLAG + qm * nqn + qn)
+        if (_tile_flag(FLAG, qm // 2, qn // 2, nqn) != 0) & (own != 2):
             rows = tl.program_id(0) * QM + tl.arange(0, QM)
             cols = tl.program_id(1) * QN + tl.arange(0, QN)
             rmask = rows < M
@@ -754,6 +774,40 @@ if HAVE_TRITON:
             tl.atomic_add(CNT + 2, n2)
 
 
+    @triton.jit
+    def _general_kernel(AF, BF, AG, BG, NZA, NZB, EA, EB, FLAG, NANR, NANC, OUT, CNT, M, N, K,
+                        alpha, NP: tl.constexpr, QM: tl.constexpr, QN: tl.constexpr,
+                        FS: tl.constexpr, GS: tl.constexpr, RESID: tl.constexpr,
+                        F32DOT: tl.constexpr, ASM: tl.constexpr, ALPHA: tl.constexpr,
+                        OUTK: tl.constexpr, SLICES: tl.constexpr, STAGES: tl.constexpr):
+        """One QM x QN block (QN: 1 / GS of ``_full_kernel``'s) of a statistics block pair
+        with no FAST instruction (plan flag 2): GENERAL at every step, as ``_full_kernel`` runs
+        it there, bit for bit.  No branch in the loop, so Triton pipelines it: each step's
+        group slices and exponent words are copied to shared memory STAGES - 1 steps ahead
+        (cp.async), and no fence before a dot waits for the next step's loads (on the H200
+        this took MXFP4's full ue8m0 range from 43.3 to 38.4 ms at 64 x 64; at 64 x 32, two
+        blocks per SM, to 28.9: reports/baselines/chain-general/session20-variants.md)."""
+        qm = tl.program_id(0) // FS
+        qn = tl.program_id(1) // (FS * GS)
+        nqn = tl.num_programs(1) // (FS * GS)
+        if tl.load(FLAG + qm * nqn + qn) == 2:
+            rows = tl.program_id(0) * QM + tl.arange(0, QM)
+            cols = tl.program_id(1) * QN + tl.arange(0, QN)
+            rmask = rows < M
+            cmask = cols < N
+            C = tl.zeros((QM, QN), tl.float32)
+            for p in tl.range(0, NP, num_stages=STAGES):
+                ops = _ops(AF, BF, AG, BG, rows, rmask, cols, cmask, p, K, RESID, SLICES)
+                wa, wb = _words(EA, EB, rows, rmask, cols, cmask, p, NP)
+                C, _ = _general(C, ops, wa, wb, RESID, F32DOT, ASM, SLICES)
+            if RESID:
+                C = _settle_neg0(C, AF, BF, AG, BG, EA, EB, NZA, NZB, rows, rmask, cols, cmask,
+                                 K, NP, RESID, F32DOT, ASM, SLICES)
+            _store(OUT, C, rows, rmask, cols, cmask, NANR, NANC, N, alpha, ALPHA, OUTK)
+            if tl.program_id(1) % GS == 0:   # counted in _full_kernel's QM x QN blocks
+                tl.atomic_add(CNT + 2, NP)
+
+
 # --- host side ----------------------------------------------------------------------
 
 def _config() -> dict:
@@ -766,30 +820,37 @@ def _config() -> dict:
     return cfg
 
 
+CONFIG_KEYS = ("BM", "BN", "num_warps", "num_stages", "GROUP_M", "full_warps", "full_split",
+               "gen_split", "gen_warps", "gen_stages")
+
+
 def parse_config(text: str, name: str = "config") -> dict:
-    """"BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split]]]" -> CONFIG keys (e.g.
-    "64,128,4,3"; full_warps: the warps of the GENERAL-capable kernel; full_split: it runs on
-    BM/(2 full_split) x BN/(2 full_split) blocks, 1 or 2)."""
-    keys = ("BM", "BN", "num_warps", "num_stages", "GROUP_M", "full_warps", "full_split")
+    """"BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split[,gen_split[,gen_warps[,
+    gen_stages]]]]]]" -> CONFIG keys (e.g. "64,128,4,3"; full_warps: the warps of the
+    GENERAL-capable kernel; full_split: it runs on BM/(2 full_split) x BN/(2 full_split) blocks,
+    1 or 2; gen_*: the GENERAL-only kernel's column split (1, 2, 4), warps and stages)."""
     try:
         vals = [int(v) for v in text.split(",")]
     except ValueError:
         vals = []
-    if not 4 <= len(vals) <= 7:
+    if not 4 <= len(vals) <= len(CONFIG_KEYS):
         raise ValueError(f"{name}: {text!r} is not 'BM,BN,num_warps,num_stages[,GROUP_M"
-                         "[,full_warps[,full_split]]]' (integers, e.g. '128,128,8,3')")
-    cfg = dict(zip(keys, vals))
+                         "[,full_warps[,full_split[,gen_split[,gen_warps[,gen_stages]]]]]]' "
+                         "(integers, e.g. '128,128,8,3')")
+    cfg = dict(zip(CONFIG_KEYS, vals))
     if cfg["BM"] not in (32, 64, 128, 256) or cfg["BN"] not in (32, 64, 128, 256):
         raise ValueError(f"{name}: BM={cfg['BM']}, BN={cfg['BN']}; valid choices: BM and BN in "
                          "32, 64, 128, 256")
-    for k in ("num_warps", "full_warps"):
+    for k in ("num_warps", "full_warps", "gen_warps"):
         if k in cfg and cfg[k] not in (1, 2, 4, 8, 16):
             raise ValueError(f"{name}: {k}={cfg[k]}; valid choices: 1, 2, 4, 8, 16")
-    if cfg.get("full_split", 1) not in (1, 2):
-        raise ValueError(f"{name}: full_split={cfg['full_split']}; valid choices: 1, 2")
-    if cfg["num_stages"] < 1 or cfg.get("GROUP_M", 1) < 1:
-        raise ValueError(f"{name}: num_stages={cfg['num_stages']}, GROUP_M="
-                         f"{cfg.get('GROUP_M')}; valid choices: integers >= 1")
+    for k, ok in (("full_split", (1, 2)), ("gen_split", (1, 2, 4))):
+        if cfg.get(k, 1) not in ok:
+            raise ValueError(f"{name}: {k}={cfg[k]}; valid choices: "
+                             + ", ".join(map(str, ok)))
+    for k in ("num_stages", "GROUP_M", "gen_stages"):
+        if cfg.get(k, 1) < 1:
+            raise ValueError(f"{name}: {k}={cfg[k]}; valid choices: integers >= 1")
     return cfg
 
 
@@ -861,9 +922,10 @@ def _check_args(scale_a, scale_bt, M: int, N: int, scale_format: str, block: int
 
 
 def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, resid: int) -> None:
-    """The plan, then the FAST kernel on unflagged BM x BN tiles and the GENERAL-capable
-    kernel on the BM/(2 FS) x BN/(2 FS) blocks of flagged ones (FS: full_split; both launched,
-    each skips the other's)."""
+    """The plan, then the FAST kernel on unflagged BM x BN tiles, the GENERAL-capable kernel
+    on the BM/(2 FS) x BN/(2 FS) blocks of flagged ones (FS: full_split) and the GENERAL-only
+    kernel on those of them with no FAST instruction (all three launched, each skips the
+    others' blocks)."""
     (af, ag, ea, sa, nanr, nza), (bf, bg, eb, sb, nanc, nzb) = A, B
     BM, BN, interp = cfg["BM"], cfg["BN"], interpreting()
     FS = cfg["full_split"]
@@ -882,10 +944,16 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, resid: int) -> N
         _desc(af, BM), _desc(bf, BN), ea, eb, sai, sbi, flag, nanr, nanc, o, cnt, M, N, al,
         BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], num_stages=cfg["num_stages"],
         num_warps=cfg["num_warps"], **common)
+    slices = _general_mode() == "slices"
     _full_kernel[(FS * nqm, FS * nqn)](
         af, bf, ag, bg, nza, nzb, ea, eb, sa, sai, sb, sbi, flag, nanr, nanc, o, cnt, M, N, K, al,
-        QM=QM, QN=QN, RESID=resid, SLICES=_general_mode() == "slices", num_stages=1,
-        num_warps=cfg["full_warps"], **common)
+        QM=QM, QN=QN, RESID=resid, SLICES=slices, num_stages=1, num_warps=cfg["full_warps"],
+        **common)
+    GS = cfg["gen_split"]
+    _general_kernel[(FS * nqm, FS * nqn * GS)](
+        af, bf, ag, bg, nza, nzb, ea, eb, flag, nanr, nanc, o, cnt, M, N, K, al, QM=QM,
+        QN=QN // GS, GS=GS, RESID=resid, SLICES=slices, STAGES=cfg["gen_stages"],
+        num_warps=cfg["gen_warps"], maxnreg=None if interp else _GEN_MAXNREG[resid], **common)
 
 
 GENERAL_MODES = ("masked", "slices")

@@ -148,11 +148,46 @@ def test_full_split(sf, block, ka, kb, monkeypatch):
     assert run(a, b, sa, sb, sf, block)[2] > 0
 
 
+@interp
+@pytest.mark.parametrize("gen", ["1,4,2", "2,2,3", "4,1,1"])
+@pytest.mark.parametrize("sf,block,ka,kb", [("ue4m3", 16, "wide", "wide"),
+                                            ("ue8m0", 32, "wide", "wide"),
+                                            ("ue8m0", 16, "tiny", "tiny")])
+def test_general_kernel(gen, sf, block, ka, kb, monkeypatch):
+    """The GENERAL-only kernel (blocks with no FAST instruction), its columns split 1, 2 or 4
+    ways, 1-3 pipeline stages, equals the emulator, ragged edges included; all 3 steps of
+    each of the 5 x 3 statistics blocks (16 x 16) holding outputs are GENERAL (blocks past M
+    or N count too, on any path)."""
+    monkeypatch.setenv("FP4REF_CHAIN_CONFIG", "32,32,4,1,2,4,1," + gen)
+    a, b, sa, sb = operands(17, 70, 45, 192, sf, block, ka, kb, nan=0.03)
+    counts = run(a, b, sa, sb, sf, block)
+    assert counts[2] >= 3 * 5 * 3, counts
+
+
+@interp
+@pytest.mark.parametrize("sf,block", [("ue4m3", 16), ("ue8m0", 32)])
+def test_plan_flags(sf, block):
+    """One call with block pairs of all three plan flags (16-row statistics blocks in the
+    interpreter): rows 0-15 with wide scales (no FAST instruction: the GENERAL-only kernel),
+    rows 16-31 narrow, then wide from instruction 1 (FAST, then GENERAL: the GENERAL-capable
+    kernel), rows 32-47 narrow (the FAST kernel, a tile of its own)."""
+    a, b, sa, sb = operands(19, 80, 24, 192, sf, block, "narrow", "narrow")
+    wide = operands(23, 80, 24, 192, sf, block, "wide", "wide")[2]
+    sa[:16], sa[16:32, 64 // block:] = wide[:16], wide[16:32, 64 // block:]
+    counts = run(a, b, sa, sb, sf, block)
+    assert counts[0] > 0 and counts[2] > 0, counts
+
+
 def test_parse_config():
     assert CT.parse_config("128,128,8,3,8,4,2") == dict(
         BM=128, BN=128, num_warps=8, num_stages=3, GROUP_M=8, full_warps=4, full_split=2)
+    assert CT.parse_config("128,128,8,3,8,4,2,4,4,2")["gen_split"] == 4
     with pytest.raises(ValueError, match="X: full_split=3; valid choices: 1, 2"):
         CT.parse_config("128,128,8,3,8,4,3", "X")
+    with pytest.raises(ValueError, match="X: gen_split=3; valid choices: 1, 2, 4"):
+        CT.parse_config("128,128,8,3,8,4,1,3", "X")
+    with pytest.raises(ValueError, match="X: gen_stages=0; valid choices: integers >= 1"):
+        CT.parse_config("128,128,8,3,8,4,1,2,8,0", "X")
     with pytest.raises(ValueError, match="X: '1,2' is not 'BM,BN,num_warps,num_stages"):
         CT.parse_config("1,2", "X")
 
@@ -447,12 +482,13 @@ def test_gpu_negative_zero_chains(config, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("config", ["", "128,128,8,3,8,8,1", "128,128,8,3,8,4,2",
-                                    "128,128,8,3,8,8,2"])
+                                    "128,128,8,3,8,8,2", "128,128,8,3,8,16,1,4,4,3"])
 @pytest.mark.parametrize("sf,block,ka,kb,codes,cancel,path", PATH_CASES)
 def test_gpu_paths(sf, block, ka, kb, codes, cancel, path, config, monkeypatch):
     """The interpreter's path cases compiled (PTX cvt.rz / mul.rz / add.rz, the tensor-core
-    dots), at 200 x 150 x 512 under each GENERAL-capable kernel shape; plus ten more seeds of
-    every scale range and code kind for GENERAL."""
+    dots), at 200 x 150 x 512 under each GENERAL-capable kernel shape and the GENERAL-only
+    kernel on 64 x 32 (default) and 64 x 16 blocks; plus ten more seeds of every scale range
+    and code kind for GENERAL."""
     if config:
         monkeypatch.setenv("FP4REF_CHAIN_CONFIG", config)
     a, b, sa, sb = operands(7, 200, 150, 512, sf, block, ka, kb, codes, codes, cancel=cancel,

@@ -36,9 +36,10 @@ WORST_CASES = {
                               "0..255 (2^-127 .. 2^127, NaN 0xFF)"),
 }
 # alternative FP4REF_CHAIN_CONFIG values ("BM,BN,warps,stages[,GROUP_M[,full_warps[,
-# full_split]]]") timed next to the default CONFIG on ALT_SETS, same run (the environment
-# variable FP4REF_BENCH_CHAIN_CONFIGS="cfg;cfg" replaces them, "" skips them).
-ALT_CONFIGS = ("128,128,8,3,8,8,1",)   # GENERAL with 8 warps (the default before session 18)
+# full_split[,gen_split[,gen_warps[,gen_stages]]]]]]", chain_triton.parse_config) timed next
+# to the default CONFIG on ALT_SETS, same run (the environment variable
+# FP4REF_BENCH_CHAIN_CONFIGS="cfg;cfg" replaces them, "" skips them).
+ALT_CONFIGS = ("128,128,8,3,8,16,1,4,4,3",)   # GENERAL-only blocks 64 x 16, 4 warps (4 per SM)
 ALT_SETS = ("nvfp4_heavy_tails", "nvfp4_wide_scales_nan", "mxfp4_wide_scales_nan")
 _SCALE = {"nvfp4": (torch.float8_e4m3fn, "ue4m3", 16), "mxfp4": (torch.float8_e8m0fnu, "ue8m0", 32)}
 
@@ -151,8 +152,7 @@ def _default_config() -> str:
     c, env = dict(CT.CONFIG), os.environ.get("FP4REF_CHAIN_CONFIG")
     if env:
         c.update(CT.parse_config(env, "FP4REF_CHAIN_CONFIG"))
-    return ",".join(str(c[k]) for k in ("BM", "BN", "num_warps", "num_stages", "GROUP_M",
-                                         "full_warps", "full_split"))
+    return ",".join(str(c[k]) for k in CT.CONFIG_KEYS)
 
 
 def _alt_configs() -> tuple:
