@@ -773,7 +773,6 @@ if HAVE_TRITON:
             tl.atomic_add(CNT + 1, n1)
             tl.atomic_add(CNT + 2, n2)
 
-
     @triton.jit
     def _general_kernel(AF, BF, AG, BG, NZA, NZB, EA, EB, FLAG, NANR, NANC, OUT, CNT, M, N, K,
                         alpha, NP: tl.constexpr, QM: tl.constexpr, QN: tl.constexpr,
@@ -817,6 +816,11 @@ def _config() -> dict:
     env = os.environ.get("FP4REF_CHAIN_CONFIG")
     if env:
         cfg.update(parse_config(env, "FP4REF_CHAIN_CONFIG"))
+    qm, qn = cfg["BM"] // (2 * cfg["full_split"]), cfg["BN"] // (2 * cfg["full_split"])
+    if not interpreting() and min(qm, qn // cfg["gen_split"]) < 16:   # tl.dot's minimum
+        raise ValueError(f"FP4REF_CHAIN_CONFIG: {env!r} gives {qm} x {qn} blocks ({qm} x "
+                         f"{qn // cfg['gen_split']} GENERAL-only); valid choices: BM / (2 "
+                         "full_split) and BN / (2 full_split gen_split) at least 16")
     return cfg
 
 

@@ -192,6 +192,17 @@ def test_parse_config():
         CT.parse_config("1,2", "X")
 
 
+@pytest.mark.skipif(CT.interpreting(), reason="the interpreter's small tiles have no minimum")
+def test_config_block_minimum(monkeypatch):
+    """Compiled dots need blocks of at least 16 x 16: a config below that is refused, by name."""
+    monkeypatch.setenv("FP4REF_CHAIN_CONFIG", "64,64,8,3,8,4,2,4")
+    with pytest.raises(ValueError, match=r"FP4REF_CHAIN_CONFIG: '64,64,8,3,8,4,2,4' gives "
+                                         r"16 x 16 blocks \(16 x 4 GENERAL-only\)"):
+        CT._config()
+    monkeypatch.setenv("FP4REF_CHAIN_CONFIG", "64,64,8,3,8,4,2,1")
+    assert CT._config()["gen_split"] == 1
+
+
 def test_general_mode_choices(monkeypatch):
     monkeypatch.setenv("FP4REF_CHAIN_GENERAL", "fast")
     with pytest.raises(ValueError, match="FP4REF_CHAIN_GENERAL: unknown value 'fast'; "
