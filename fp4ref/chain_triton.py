@@ -161,9 +161,7 @@ if HAVE_TRITON:
     @triton.jit
     def _p2d(e):
         """2^e as float64, e an int32 tensor in [-1022, 1023] (GENERAL's -s: [-161, 219];
-        ``_fast_ok``'s: [-478, 538], except for a statistics block past M or N, whose
-        exponents are +-2^20: the int32 shift then keeps (e + 1023) mod 4096, here within
-        [799, 1307], a positive power of two, so its FAST tests pass as with a clamp)."""
+        ``_fast_ok``'s: [-478, 210])."""
         return (((e + 1023) << 20).to(tl.int64) << 32).to(tl.float64, bitcast=True)
 
     @triton.jit
@@ -499,9 +497,12 @@ if HAVE_TRITON:
     def _fast_ok(bsq, esmin, esmax, CB):
         """FAST's conditions from a block pair's statistics (module doc) and CB, the bound on
         |C|: (ok, bound on |D|)."""
-        # 2^(2 esmin + 30) = (2^(L + 23))^2 with L = esmin - 8: the dot's exactness window
+        # 2^(2 esmin + 30) = (2^(L + 23))^2 with L = esmin - 8: the dot's exactness window.
+        # Above 90 FAST fails anyway (esmax <= 90), but for a statistics block past M or N,
+        # whose min exponent is +2^20 (no rows): clamped, its masked outputs pass as before.
+        e = tl.minimum(esmin, 90)
         ok = (esmin >= -90) & (esmax <= 90) & (esmax - esmin <= 27) \
-            & (bsq < _p2d(2 * esmin + 30)) & (CB < _p2d(esmin + 27))
+            & (bsq < _p2d(2 * e + 30)) & (CB < _p2d(e + 27))
         return ok, tl.sqrt(bsq) * 1.000001
 
     @triton.jit
