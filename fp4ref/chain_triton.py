@@ -29,7 +29,8 @@ How each step stays exact:
   A' and B' is the exact sum D of the four group terms (the H200's W25-truncating fused
   add loses no bit of such values); the exponent spread (<= 27) and a running bound on |C|
   exclude the truncation of any group term; no value leaves FP32's normal range.  Its flag
-  per block pair: 0 (FAST at every instruction), 1 (at some), 2 (at none).
+  per block pair: 0 (FAST at every instruction), 2 (not FAST at gen_pct% of them or more;
+  by default at one or more), else 1.
 * ``_fast_kernel`` (BM x BN tiles, every block FAST-planned): per instruction one dot, then
   RZ(C + D), one FP32 add rounded toward zero (PTX add.rz.f32; an exact TwoSum emulation in
   the interpreter).  C itself needs no cut while it is a multiple of the tile's largest
@@ -65,7 +66,8 @@ How each step stays exact:
   fewer per output (C's count, the Inf rule) and fewer integer steps took it to 43.4 ms
   beside 45.1 (session19-variants.md; ncu: half the issue slots idle, the stalls spread over
   dependencies, conversion queues, loads and barriers).
-* ``_general_kernel`` (the blocks flagged 2, their columns split ``gen_split`` ways): the
+* ``_general_kernel`` (the blocks flagged 2: ``gen_pct``% or more of their instructions, by
+  default any one, fail FAST's conditions; their columns split ``gen_split`` ways): the
   same GENERAL step, bit for bit, in a loop without branches, which Triton pipelines: the
   group slices and exponent words of each step are copied to shared memory (cp.async)
   ``gen_stages`` - 1 steps ahead, so no fence before a dot waits for the next step's loads
@@ -111,11 +113,16 @@ __all__ = ["HAVE_TRITON", "CONFIG", "CONFIG_KEYS", "BACKENDS", "available", "int
 # _general_kernel: BM/2 x BN/(2 gen_split) blocks, gen_warps warps, gen_stages pipeline stages
 # (64 x 32, 8 warps, 3 stages: session 20's calls 1-3 on the H200 beat 64 x 64 and 64 x 16
 # blocks, 2-6 stages and TMA loads, reports/baselines/chain-general/session20-variants.md).
+# gen_pct: blocks whose instructions fail FAST's conditions at gen_pct% or more of K take
+# _general_kernel (GENERAL there at every instruction, FAST's ones too); 1: every block with a
+# non-FAST instruction.  Session 20's call h: _full_kernel took 42.9-46.2 ms on MXFP4 blocks
+# with 1-50% FAST instructions (its FAST steps cost as much as its GENERAL ones),
+# _general_kernel 29.2-29.5 ms whatever the share (h200-mixed-session20h.json).
 CONFIG = {"BM": 128, "BN": 128, "num_warps": 8, "num_stages": 3, "GROUP_M": 8, "full_warps": 16,
-          "full_split": 1, "gen_split": 2, "gen_warps": 8, "gen_stages": 3}
+          "full_split": 1, "gen_split": 2, "gen_warps": 8, "gen_stages": 3, "gen_pct": 1}
 _INTERP_CONFIG = {"BM": 32, "BN": 32, "num_warps": 4, "num_stages": 1, "GROUP_M": 2,
                   "full_warps": 4, "full_split": 1, "gen_split": 2, "gen_warps": 4,
-                  "gen_stages": 2}
+                  "gen_stages": 2, "gen_pct": 1}
 # _general_kernel's registers per thread, by RESID: at most 128 lets two blocks of 8 warps share
 # an SM's 65536; ue4m3's GENERAL fits 80 without spills: three blocks (session 20, call 3)
 _GEN_MAXNREG = (80, 128, 128)
@@ -569,10 +576,10 @@ if HAVE_TRITON:
         return Cn, CB + bnd, path
 
     @triton.jit
-    def _plan_kernel(SA, SAI, SB, SBI, FLAG, NP: tl.constexpr):
+    def _plan_kernel(SA, SAI, SB, SBI, FLAG, GMIN, NP: tl.constexpr):
         """FLAG[qm, qn] for block pair (qm, qn): 0 where FAST's conditions hold at every
-        instruction, 2 where they fail at every one, else 1 (no C needed: the bound on |C| only
-        grows by the bound on |D|)."""
+        instruction, 2 where they fail at GMIN or more (``_general_kernel``: GENERAL at every
+        one), else 1 (no C needed: the bound on |C| only grows by the bound on |D|)."""
         qm = tl.program_id(0)
         qn = tl.program_id(1)
         CB = tl.max(tl.zeros((2,), tl.float64))
@@ -582,7 +589,7 @@ if HAVE_TRITON:
                                        SBI + qn * 3 * NP, p, NP), CB)
             bad += 1 - ok.to(tl.int32)
             CB = CB + bnd
-        tl.store(FLAG + qm * tl.num_programs(1) + qn, tl.where(bad == NP, 2, (bad > 0).to(
+        tl.store(FLAG + qm * tl.num_programs(1) + qn, tl.where(bad >= GMIN, 2, (bad > 0).to(
             tl.int32)))
 
     @triton.jit
@@ -826,21 +833,23 @@ def _config() -> dict:
 
 
 CONFIG_KEYS = ("BM", "BN", "num_warps", "num_stages", "GROUP_M", "full_warps", "full_split",
-               "gen_split", "gen_warps", "gen_stages")
+               "gen_split", "gen_warps", "gen_stages", "gen_pct")
 
 
 def parse_config(text: str, name: str = "config") -> dict:
     """"BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split[,gen_split[,gen_warps[,
-    gen_stages]]]]]]" -> CONFIG keys (e.g. "64,128,4,3"; full_warps: the warps of the
-    GENERAL-capable kernel; full_split: it runs on BM/(2 full_split) x BN/(2 full_split) blocks,
-    1 or 2; gen_*: the GENERAL-only kernel's column split (1, 2, 4), warps and stages)."""
+    gen_stages[,gen_pct]]]]]]]" -> CONFIG keys (e.g. "64,128,4,3"; full_warps: the warps of
+    the GENERAL-capable kernel; full_split: it runs on BM/(2 full_split) x BN/(2 full_split)
+    blocks, 1 or 2; gen_*: the GENERAL-only kernel's column split (1, 2, 4), warps, stages and
+    the share of non-FAST instructions, 1-100%, from which a block takes it)."""
     try:
         vals = [int(v) for v in text.split(",")]
     except ValueError:
         vals = []
     if not 4 <= len(vals) <= len(CONFIG_KEYS):
         raise ValueError(f"{name}: {text!r} is not 'BM,BN,num_warps,num_stages[,GROUP_M"
-                         "[,full_warps[,full_split[,gen_split[,gen_warps[,gen_stages]]]]]]' "
+                         "[,full_warps[,full_split[,gen_split[,gen_warps[,gen_stages"
+                         "[,gen_pct]]]]]]]' "
                          "(integers, e.g. '128,128,8,3')")
     cfg = dict(zip(CONFIG_KEYS, vals))
     if cfg["BM"] not in (32, 64, 128, 256) or cfg["BN"] not in (32, 64, 128, 256):
@@ -856,6 +865,8 @@ def parse_config(text: str, name: str = "config") -> dict:
     for k in ("num_stages", "GROUP_M", "gen_stages"):
         if cfg.get(k, 1) < 1:
             raise ValueError(f"{name}: {k}={cfg[k]}; valid choices: integers >= 1")
+    if not 1 <= cfg.get("gen_pct", 1) <= 100:
+        raise ValueError(f"{name}: gen_pct={cfg['gen_pct']}; valid choices: 1 to 100")
     return cfg
 
 
@@ -937,7 +948,8 @@ def _launch(cfg, A, B, out, cnt, M: int, N: int, K: int, alpha, resid: int) -> N
     QM, QN = BM // (2 * FS), BN // (2 * FS)
     nqm, nqn = 2 * triton.cdiv(M, BM), 2 * triton.cdiv(N, BN)
     flag = torch.empty(nqm, nqn, dtype=torch.int32, device=out.device)
-    _plan_kernel[(nqm, nqn)](sa, sa.view(torch.int32), sb, sb.view(torch.int32), flag,
+    gmin = max(1, -(-(K // 64) * cfg["gen_pct"] // 100))    # ceil(NP gen_pct / 100)
+    _plan_kernel[(nqm, nqn)](sa, sa.view(torch.int32), sb, sb.view(torch.int32), flag, gmin,
                              NP=K // 64, num_warps=1)
     common = dict(NP=K // 64, F32DOT=interp, ASM=not interp, ALPHA=alpha is not None,
                   OUTK=_OUT_KIND[out.dtype], FS=FS)

@@ -166,28 +166,40 @@ def test_general_kernel(gen, sf, block, ka, kb, monkeypatch):
 
 @interp
 @pytest.mark.parametrize("sf,block", [("ue4m3", 16), ("ue8m0", 32)])
-def test_plan_flags(sf, block):
-    """One call with block pairs of all three plan flags (16-row statistics blocks in the
-    interpreter): rows 0-15 with wide scales (no FAST instruction: the GENERAL-only kernel),
-    rows 16-31 narrow, then wide from instruction 1 (FAST, then GENERAL: the GENERAL-capable
-    kernel), rows 32-47 narrow (the FAST kernel, a tile of its own)."""
+def test_plan_flags(sf, block, monkeypatch):
+    """One call with block pairs of all three plan flags (16-row statistics blocks and 32-row
+    tiles in the interpreter; 3 instructions): rows 0-15 wide scales (no FAST instruction:
+    the GENERAL-only kernel), 16-31 wide from instruction 2 (FAST, then GENERAL: the
+    GENERAL-capable kernel), 32-47 wide from instruction 1 (2 of 3 instructions not FAST:
+    the GENERAL-only kernel at gen_pct 60, the GENERAL-capable one at 100), 48-79 narrow (FAST:
+    in a flagged tile, then a tile of its own)."""
     a, b, sa, sb = operands(19, 80, 24, 192, sf, block, "narrow", "narrow")
+    if sf == "ue8m0":   # scales 1 and 2: FAST's bounds hold for every narrow block pair
+        sa, sb = (torch.randint(127, 129, s.shape, dtype=torch.uint8) for s in (sa, sb))
     wide = operands(23, 80, 24, 192, sf, block, "wide", "wide")[2]
-    sa[:16], sa[16:32, 64 // block:] = wide[:16], wide[16:32, 64 // block:]
-    counts = run(a, b, sa, sb, sf, block)
-    assert counts[0] > 0 and counts[2] > 0, counts
+    for rows, p in ((slice(0, 16), 0), (slice(16, 32), 2), (slice(32, 48), 1)):
+        sa[rows, p * 64 // block:] = wide[rows, p * 64 // block:]
+    counts = {}
+    for pct in (60, 100):
+        monkeypatch.setenv("FP4REF_CHAIN_CONFIG", f"32,32,4,1,2,4,1,2,4,2,{pct}")
+        counts[pct] = run(a, b, sa, sb, sf, block)
+    assert counts[60][0] > 0 and counts[60][2] > 0, counts
+    # rows 32-47's instruction 0: FAST at 100, GENERAL at 60 (2 column blocks of 16 hold N)
+    assert counts[100][0] - counts[60][0] == counts[60][2] - counts[100][2] == 2, counts
 
 
 def test_parse_config():
     assert CT.parse_config("128,128,8,3,8,4,2") == dict(
         BM=128, BN=128, num_warps=8, num_stages=3, GROUP_M=8, full_warps=4, full_split=2)
-    assert CT.parse_config("128,128,8,3,8,4,2,4,4,2")["gen_split"] == 4
+    assert CT.parse_config("128,128,8,3,8,4,2,4,4,2,50")["gen_pct"] == 50
     with pytest.raises(ValueError, match="X: full_split=3; valid choices: 1, 2"):
         CT.parse_config("128,128,8,3,8,4,3", "X")
     with pytest.raises(ValueError, match="X: gen_split=3; valid choices: 1, 2, 4"):
         CT.parse_config("128,128,8,3,8,4,1,3", "X")
     with pytest.raises(ValueError, match="X: gen_stages=0; valid choices: integers >= 1"):
         CT.parse_config("128,128,8,3,8,4,1,2,8,0", "X")
+    with pytest.raises(ValueError, match="X: gen_pct=0; valid choices: 1 to 100"):
+        CT.parse_config("128,128,8,3,8,4,1,2,8,3,0", "X")
     with pytest.raises(ValueError, match="X: '1,2' is not 'BM,BN,num_warps,num_stages"):
         CT.parse_config("1,2", "X")
 
@@ -499,12 +511,16 @@ def test_gpu_paths(sf, block, ka, kb, codes, cancel, path, config, monkeypatch):
     """The interpreter's path cases compiled (PTX cvt.rz / mul.rz / add.rz, the tensor-core
     dots), at 200 x 150 x 512 under each GENERAL-capable kernel shape and the GENERAL-only
     kernel on 64 x 32 (default) and 64 x 16 blocks; plus ten more seeds of every scale range
-    and code kind for GENERAL."""
-    if config:
-        monkeypatch.setenv("FP4REF_CHAIN_CONFIG", config)
+    and code kind for GENERAL.  MEDIUM cases again at gen_pct 100: by default their mixed
+    blocks run GENERAL throughout, and MEDIUM's cut in the GENERAL-capable kernel needs them
+    (replayed in the interpreter under this tiling: MEDIUM at 100, none at 1)."""
     a, b, sa, sb = operands(7, 200, 150, 512, sf, block, ka, kb, codes, codes, cancel=cancel,
                             zero_row=cancel, nan=0.03 if ka == "wide" else 0.0)
-    counts = run(*(t.cuda() for t in (a, b, sa, sb)), sf, block)
+    cfg = dict(CT.CONFIG, **(CT.parse_config(config) if config else {}))
+    for pct in (cfg["gen_pct"], 100) if path == 1 else (cfg["gen_pct"],):
+        monkeypatch.setenv("FP4REF_CHAIN_CONFIG",
+                           ",".join(str(dict(cfg, gen_pct=pct)[k]) for k in CT.CONFIG_KEYS))
+        counts = run(*(t.cuda() for t in (a, b, sa, sb)), sf, block)
     assert counts[path] > 0, counts
     if path == 2:
         for seed in range(10):
