@@ -80,7 +80,7 @@ How each step stays exact:
 ``counts`` (an int32 tensor of 3 zeros on the operands' device, optional) receives how many
 (64 x 64 block, instruction) steps took FAST, MEDIUM and GENERAL. Tile sizes: ``CONFIG`` (or
 FP4REF_CHAIN_CONFIG="BM,BN,num_warps,num_stages[,GROUP_M[,full_warps[,full_split[,
-gen_split[,gen_warps[,gen_stages]]]]]]", read at every call: ``parse_config``). Tests:
+gen_split[,gen_warps[,gen_stages[,gen_pct]]]]]]]", read at every call: ``parse_config``). Tests:
 tests/test_chain_triton.py (interpreter on CPU; ``-m gpu`` on a GPU); benchmark:
 ``fp4ref.harness.bench_chain``; offline sm_90 build check (registers, spills): compile with
 ``triton.compile`` as scripts/sass_digest.py does.
