@@ -743,7 +743,7 @@ if HAVE_TRITON:
         qm = tl.program_id(0) // FS        # the statistics blocks
         qn = tl.program_id(1) // FS
         nqn = tl.num_programs(1) // FS
-        # a flagged tile's blocks but those with no FAST instruction (``_general_kernel``'s)
+        # a flagged tile's blocks but those flagged 2 (``_general_kernel``'s)
         own = tl.load(FLAG + qm * nqn + qn)
         if (_tile_flag(FLAG, qm // 2, qn // 2, nqn) != 0) & (own != 2):
             rows = tl.program_id(0) * QM + tl.arange(0, QM)
@@ -788,12 +788,13 @@ if HAVE_TRITON:
                         F32DOT: tl.constexpr, ASM: tl.constexpr, ALPHA: tl.constexpr,
                         OUTK: tl.constexpr, SLICES: tl.constexpr, STAGES: tl.constexpr):
         """One QM x QN block (QN: 1 / GS of ``_full_kernel``'s) of a statistics block pair
-        with no FAST instruction (plan flag 2): GENERAL at every step, as ``_full_kernel`` runs
-        it there, bit for bit.  No branch in the loop, so Triton pipelines it: each step's
-        group slices and exponent words are copied to shared memory STAGES - 1 steps ahead
-        (cp.async), and no fence before a dot waits for the next step's loads (on the H200
-        this took MXFP4's full ue8m0 range from 43.3 to 38.4 ms at 64 x 64; at 64 x 32, two
-        blocks per SM, to 28.9: reports/baselines/chain-general/session20-variants.md)."""
+        flagged 2 (FAST's conditions fail at gen_pct% of its instructions or more): GENERAL at
+        every step, as ``_full_kernel`` runs it at its GENERAL steps, bit for bit.  No branch
+        in the loop, so Triton pipelines it: each step's group slices and exponent words are
+        copied to shared memory STAGES - 1 steps ahead (cp.async), and no fence before a dot
+        waits for the next step's loads (on the H200 this took MXFP4's full ue8m0 range from
+        43.3 to 38.4 ms at 64 x 64; at 64 x 32, two blocks per SM, to 28.9:
+        reports/baselines/chain-general/session20-variants.md)."""
         qm = tl.program_id(0) // FS
         qn = tl.program_id(1) // (FS * GS)
         nqn = tl.num_programs(1) // (FS * GS)

@@ -6,25 +6,33 @@ at 128^3 in the Triton interpreter (TRITON_INTERPRET=1), untimed.
 
     PYTHONPATH=. python scripts/gpu_chain_mixed.py [out.json]
 """
-import json, os, sys, time
+import json
+import os
+import sys
+
 import torch
+
 from fp4ref import chain_triton as CT
+from fp4ref.harness.timing import median_seconds
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 S = 8192 if DEV == "cuda" else 128
 CFG = "128,128,8,3,8,16,1,2,8,3,{}" if DEV == "cuda" else "32,32,4,1,2,4,1,2,4,2,{}"
 
 
+def _bytes(g, shape, lo, hi):
+    return torch.randint(lo, hi, shape, generator=g, device=DEV, dtype=torch.int32).to(torch.uint8)
+
+
 def operands(sf, block, nfast, seed):
     """Random codes; the first nfast instructions' scales narrow (FAST), the rest uniform bytes."""
     g = torch.Generator(device=DEV).manual_seed(seed)
-    a, b = (torch.randint(0, 256, (S, S // 2), generator=g, device=DEV, dtype=torch.int32).to(torch.uint8)
-            for _ in "ab")
+    a, b = (_bytes(g, (S, S // 2), 0, 256) for _ in "ab")
     lo, hi = (127, 129) if sf == "ue8m0" else (48, 64)
-    sa, sb = (torch.randint(0, 256, (S, S // block), generator=g, device=DEV, dtype=torch.int32).to(torch.uint8)
-              for _ in "ab")
+    sa, sb = (_bytes(g, (S, S // block), 0, 256) for _ in "ab")
     j = nfast * 64 // block
     for s in (sa, sb):
-        s[:, :j] = torch.randint(lo, hi, (S, j), generator=g, device=DEV, dtype=torch.int32).to(torch.uint8)
+        s[:, :j] = _bytes(g, (S, j), lo, hi)
     return a, b, sa, sb
 
 
@@ -33,21 +41,18 @@ def call(ops, sf, block, cnt=None):
 
 
 def timed(ops, sf, block, reps=3):
-    call(ops, sf, block)
+    """Median ms of ``reps`` calls after one warm-up (fp4ref.harness.timing); 0 on the CPU."""
     if DEV != "cuda":
+        call(ops, sf, block)
         return 0.0
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); call(ops, sf, block); e.record(); torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e))
-    return sorted(ts)[len(ts) // 2]
+    return 1e3 * median_seconds(lambda: call(ops, sf, block), DEV, reps)
 
 
 out = {}
 NP = S // 64
 for sf, block, tag in (("ue8m0", 32, "mx"), ("ue4m3", 16, "nv")):
-    for name, nfast in (("allfast", NP), ("fast1", 1), ("fast40pct", NP * 4 // 10), ("fast50pct", NP // 2),
+    for name, nfast in (("allfast", NP), ("fast1", 1), ("fast40pct", NP * 4 // 10),
+                        ("fast50pct", NP // 2),
                         ("fast0", 0)):
         if tag == "nv" and name in ("fast40pct", "fast0"):
             continue
@@ -60,8 +65,10 @@ for sf, block, tag in (("ue8m0", 32, "mx"), ("ue4m3", 16, "nv")):
             diff = 0 if ref is None else int((y != ref).sum())
             ref = y if ref is None else ref
             t = timed(ops, sf, block)
-            out[f"{tag}_{name}@{pct}"] = {"ms": round(t, 3), "diff_vs_pct100": diff, "counts": cnt.tolist()}
-            print(f"{tag}_{name:10s} gen_pct {pct:3d}: {t:7.2f} ms  diff {diff}  counts {cnt.tolist()}", flush=True)
+            out[f"{tag}_{name}@{pct}"] = {"ms": round(t, 3), "diff_vs_pct100": diff,
+                                          "counts": cnt.tolist()}
+            print(f"{tag}_{name:10s} gen_pct {pct:3d}: {t:7.2f} ms  diff {diff}  counts "
+                  f"{cnt.tolist()}", flush=True)
         del ops, ref
 if len(sys.argv) > 1:
     json.dump(out, open(sys.argv[1], "w"), indent=1)

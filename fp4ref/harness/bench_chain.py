@@ -36,8 +36,8 @@ WORST_CASES = {
                               "0..255 (2^-127 .. 2^127, NaN 0xFF)"),
 }
 # alternative FP4REF_CHAIN_CONFIG values ("BM,BN,warps,stages[,GROUP_M[,full_warps[,
-# full_split[,gen_split[,gen_warps[,gen_stages]]]]]]", chain_triton.parse_config) timed next
-# to the default CONFIG on ALT_SETS, same run (the environment variable
+# full_split[,gen_split[,gen_warps[,gen_stages[,gen_pct]]]]]]]", chain_triton.parse_config) timed
+# next to the default CONFIG on ALT_SETS, same run (the environment variable
 # FP4REF_BENCH_CHAIN_CONFIGS="cfg;cfg" replaces them, "" skips them).
 ALT_CONFIGS = ("128,128,8,3,8,16,1,4,4,3",)   # GENERAL-only blocks 64 x 16, 4 warps (4 per SM)
 ALT_SETS = ("nvfp4_heavy_tails", "nvfp4_wide_scales_nan", "mxfp4_wide_scales_nan")
